@@ -1,0 +1,51 @@
+"""The interface every training objective implements (LP losses, cross-entropy, baselines).
+
+The trainer calls ``loss = objective(logits, labels)`` and nothing else is required.  Objectives
+that own state or updates (PPD-SG's ``a, b, alpha``, a learned surrogate network, solver
+diagnostics) override the optional hooks below; the trainer calls every hook for every objective,
+so it never branches on which objective it runs.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+from torch import nn
+
+
+class Objective(nn.Module):
+    """Base class: ``forward(logits [B, K], labels [B] int64) -> scalar loss``.
+
+    Hooks (all optional):
+
+    * :meth:`extra_param_groups` -- optimizer parameter groups owned by the objective
+      (added beside the model's parameters; extra keys in a group are passed to the optimizer).
+    * :meth:`on_step_end` -- called after ``optimizer.step()`` with the step number, model,
+      optimizer and the batch just used.
+    * :meth:`pop_stats` -- diagnostics averaged since the last call (e.g. solver iterations); the
+      trainer writes them to ``metrics.csv`` at every evaluation.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._stat_sums: dict[str, float] = defaultdict(float)
+        self._stat_counts: dict[str, int] = defaultdict(int)
+
+    def extra_param_groups(self) -> list[dict]:
+        return []
+
+    def on_step_end(self, *, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
+                    batch: tuple[torch.Tensor, torch.Tensor]) -> None:
+        return None
+
+    def record(self, **values: float) -> None:
+        """Accumulate scalar diagnostics; :meth:`pop_stats` returns their means."""
+        for key, value in values.items():
+            self._stat_sums[key] += float(value)
+            self._stat_counts[key] += 1
+
+    def pop_stats(self) -> dict[str, float]:
+        out = {k: self._stat_sums[k] / self._stat_counts[k] for k in self._stat_sums}
+        self._stat_sums.clear()
+        self._stat_counts.clear()
+        return out
