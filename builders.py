@@ -1,0 +1,61 @@
+"""Build the run's components from the composed config; shared by train.py, eval.py and scripts.
+
+Runtime values that only the data knows (number of classes, input shape, positive ratio) are
+declared ``???`` in a component's config; :func:`instantiate_runtime` fills exactly the keys a
+config declares, so no caller branches on which component it builds.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+
+def instantiate_runtime(cfg: DictConfig, **runtime: Any) -> Any:
+    """``hydra.utils.instantiate(cfg)`` passing only the runtime keys ``cfg`` declares."""
+    keys = set(cfg.keys()) if isinstance(cfg, DictConfig) else set(cfg)
+    return instantiate(cfg, **{k: v for k, v in runtime.items() if k in keys})
+
+
+def runtime_values(bundle) -> dict[str, Any]:
+    """What a data bundle tells the model and the objective."""
+    train_stats = bundle.stats["train"]
+    return {
+        "num_classes": bundle.num_classes,
+        "input_shape": list(bundle.input_shape),
+        "pos_ratio": train_stats.get("pos_fraction"),
+        "class_counts": list(train_stats["class_counts"]),
+    }
+
+
+def build_model(cfg: DictConfig, bundle) -> nn.Module:
+    return instantiate_runtime(cfg.model, **runtime_values(bundle))
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+@torch.no_grad()
+def predict(model: nn.Module, dataset: Dataset, *, batch_size: int = 512,
+            device: torch.device | str = "cpu") -> tuple[np.ndarray, np.ndarray]:
+    """Logits ``[N, K]`` and labels ``[N]`` of a whole dataset, model in eval mode."""
+    was_training = model.training
+    model.eval()
+    logits, labels = [], []
+    for x, y in DataLoader(dataset, batch_size=batch_size, shuffle=False):
+        logits.append(model(x.to(device)).float().cpu())
+        labels.append(y)
+    model.train(was_training)
+    return torch.cat(logits).numpy(), torch.cat(labels).numpy()
+
+
+def config_from_checkpoint(checkpoint: dict) -> DictConfig:
+    return OmegaConf.create(checkpoint["config"])

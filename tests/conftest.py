@@ -1,0 +1,44 @@
+"""Shared fixtures: Hydra compose for the project's configs, the packed-data root."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ROOT / "configs"
+
+torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+
+
+def shared_data_root() -> Path | None:
+    """Packed datasets: $DATA_ROOT, else ../shared/data beside the checkout; None if absent."""
+    for candidate in (os.environ.get("DATA_ROOT"), ROOT.parent / "shared" / "data"):
+        if candidate and (Path(candidate) / "cifar10.npz").exists():
+            return Path(candidate)
+    return None
+
+
+@pytest.fixture
+def data_root() -> Path:
+    root = shared_data_root()
+    if root is None:
+        pytest.skip("packed datasets not found (set DATA_ROOT or provide ../shared/data)")
+    return root
+
+
+@pytest.fixture
+def compose_cfg():
+    """``compose_cfg(["objective=ce", ...])`` -> the composed DictConfig."""
+
+    def _compose(overrides=()):
+        GlobalHydra.instance().clear()
+        with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+            return compose(config_name="config", overrides=list(overrides))
+
+    yield _compose
+    GlobalHydra.instance().clear()
