@@ -127,8 +127,12 @@ class Timer:
         return out
 
 
-def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
-    """Run one training job into ``run_dir``; returns the content of ``results.json``."""
+def train(cfg: DictConfig, run_dir: Path, choices: dict[str, str] | None = None) -> dict[str, Any]:
+    """Run one training job into ``run_dir``; returns the content of ``results.json``.
+
+    ``choices`` (Hydra's ``runtime.choices``, e.g. ``{"objective": "auc_lp"}``) is recorded so
+    that scripts can group runs by the option names users typed.
+    """
     run_dir.mkdir(parents=True, exist_ok=True)
     device = resolve_device(cfg.device)
     seed_everything(cfg.seed)
@@ -222,6 +226,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
             "splits": bundle.stats,
             "timing_ms_median": timer.medians_ms(),
             "device": str(device),
+            "choices": dict(choices or {}),
             "config": resolved,
         }
         (run_dir / "results.json").write_text(json.dumps(results, indent=2, default=float))
@@ -234,7 +239,9 @@ def train(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
 @hydra.main(version_base="1.3", config_path="configs", config_name="config")
 def main(cfg: DictConfig) -> float:
     """Hydra entry point; returns the final validation metric so sweepers can optimise it."""
-    results = train(cfg, Path(HydraConfig.get().runtime.output_dir))
+    hydra_cfg = HydraConfig.get()
+    choices = {k: v for k, v in hydra_cfg.runtime.choices.items() if not k.startswith("hydra")}
+    results = train(cfg, Path(hydra_cfg.runtime.output_dir), choices=choices)
     return float(results["final"][f"val_{results['primary_metric']}"])
 
 
