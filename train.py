@@ -141,7 +141,7 @@ def train(cfg: DictConfig, run_dir: Path, choices: dict[str, str] | None = None)
     model = build_model(cfg, bundle).to(device)
     objective = instantiate_runtime(cfg.objective, **runtime).to(device)
     param_groups = [{"params": list(model.parameters())}] + objective.extra_param_groups()
-    optimizer = instantiate(cfg.optimizer, params=param_groups)
+    optimizer = instantiate(cfg.optimizer, _partial_=True)(params=param_groups)
     scheduler = torch.optim.lr_scheduler.MultiStepLR(
         optimizer, milestones=list(cfg.scheduler.milestones), gamma=cfg.scheduler.gamma)
     resolved = OmegaConf.to_container(cfg, resolve=True)
@@ -162,7 +162,7 @@ def train(cfg: DictConfig, run_dir: Path, choices: dict[str, str] | None = None)
         timer.samples = ckpt["timings"]
         set_rng_state(ckpt["rng"])
 
-    logger = instantiate(cfg.logger, run_dir=str(run_dir), config=resolved)
+    logger = instantiate(cfg.logger, _partial_=True)(run_dir=str(run_dir), config=resolved)
     try:
         stream = batch_stream(bundle.train, cfg.trainer.batch_size, cfg.seed, start_step=step)
         losses: list[float] = []

@@ -55,7 +55,7 @@ def main() -> None:
         model = build_model(cfg, bundle).to(device).train()
         objective = instantiate_runtime(cfg.objective, **runtime_values(bundle)).to(device)
         params = [{"params": list(model.parameters())}] + objective.extra_param_groups()
-        runs[name] = (model, objective, instantiate(cfg.optimizer, params=params), [])
+        runs[name] = (model, objective, instantiate(cfg.optimizer, _partial_=True)(params=params), [])
     stream = batch_stream(bundle.train, args.batch_size, seed=0)
     for step in range(args.warmup + args.steps):
         x, y = (t.to(device) for t in next(stream))

@@ -51,7 +51,7 @@ def test_every_model_instantiates(compose_cfg, name):
 @pytest.mark.parametrize("name", options("optimizer"))
 def test_every_optimizer_instantiates(compose_cfg, name):
     cfg = compose_cfg([f"optimizer={name}"])
-    opt = instantiate(cfg.optimizer, params=[{"params": [torch.zeros(3, requires_grad=True)]}])
+    opt = instantiate(cfg.optimizer, _partial_=True)(params=[{"params": [torch.zeros(3, requires_grad=True)]}])
     assert isinstance(opt, torch.optim.Optimizer)
 
 
