@@ -81,3 +81,13 @@ def test_hydra_multirun_runs_both_jobs(tmp_path):
     assert len(results) == 2
     lrs = sorted(json.loads(p.read_text())["config"]["optimizer"]["lr"] for p in results)
     assert lrs == [0.01, 0.1]
+
+
+def test_wandb_logger_offline(compose_cfg, tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    cfg = compose_cfg([*SHORT, "trainer.max_steps=10", "logger=wandb", "logger.mode=offline"])
+    train.train(cfg, tmp_path)
+    runs = list((tmp_path / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and any(runs[0].glob("*.wandb"))
