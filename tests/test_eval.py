@@ -1,0 +1,128 @@
+"""eval.py on a tiny fake run folder (digits + MLP), built here so that it needs no train.py."""
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+pytest.importorskip("data", reason="data/ (build_data) not available")
+pytest.importorskip("models.mlp", reason="models/mlp.py not available")
+
+import eval as ev  # noqa: E402
+import metrics  # noqa: E402
+from builders import build_model  # noqa: E402
+from data import build_data  # noqa: E402
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _config(task: str) -> dict:
+    dataset = OmegaConf.load(CONFIGS / "dataset" / "digits.yaml")
+    dataset.pop("defaults", None)
+    dataset.task = task
+    model = OmegaConf.load(CONFIGS / "model" / "mlp.yaml")
+    model.hidden = [32]
+    cfg = OmegaConf.create({"seed": 0, "dataset": dataset, "model": model,
+                            "trainer": {"eval_batch_size": 100}})  # batches != split size
+    return OmegaConf.to_container(cfg, resolve=True)
+
+
+def _make_run(root: Path, task: str, steps: int = 80) -> tuple[Path, dict]:
+    """A run folder as train.py writes it: .hydra/config.yaml, last.pt (trained a little), best.pt
+    (the initial weights, at step 0)."""
+    cfg_dict = _config(task)
+    cfg = OmegaConf.create(cfg_dict)
+    torch.manual_seed(0)
+    bundle = build_data(cfg.dataset, seed=cfg.seed)
+    model = build_model(cfg, bundle)
+    run = root / f"run_{task}"
+    (run / ".hydra").mkdir(parents=True)
+    OmegaConf.save(cfg, run / ".hydra" / "config.yaml")
+    torch.save({"step": 0, "model": model.state_dict(), "config": cfg_dict}, run / "best.pt")
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    x, y = bundle.train.features, torch.as_tensor(bundle.train.labels)
+    for _ in range(steps):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    torch.save({"step": steps, "model": model.state_dict(), "optimizer": opt.state_dict(),
+                "config": cfg_dict}, run / "last.pt")
+    return run, {"model": model.eval(), "bundle": bundle}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("runs")
+    return {task: _make_run(root, task) for task in ("binary", "multiclass")}
+
+
+def _direct_metrics(made, split="test"):
+    """Logits from one full-batch forward pass (no DataLoader), scored by metrics.evaluate."""
+    ds = getattr(made["bundle"], split)
+    with torch.no_grad():
+        logits = made["model"](ds.features).numpy()
+    return metrics.evaluate(ds.labels, logits, made["bundle"].task)
+
+
+def test_binary_run(runs):
+    run, made = runs["binary"]
+    record = ev.evaluate_run(run, device="cpu")
+    assert json.loads((run / "eval_test.json").read_text()) == record
+    assert record["step"] == 80 and record["split"] == "test" and record["task"] == "binary"
+    assert record["num_samples"] == len(made["bundle"].test)
+    assert set(record["metrics"]) == {"auc", "ap", "f1", "acc"}
+    assert record["metrics"] == pytest.approx(_direct_metrics(made), abs=1e-6)
+    assert record["metrics"]["auc"] > 0.9  # a trained model: labels and logits line up
+    assert (run / "roc_test.png").read_bytes()[:8] == PNG_MAGIC
+    curves = np.load(run / "roc_test.npz")
+    assert np.trapezoid(curves["tpr_positive"], curves["fpr_positive"]) == pytest.approx(
+        record["metrics"]["auc"], abs=1e-6)
+
+
+def test_multiclass_run(runs):
+    run, made = runs["multiclass"]
+    record = ev.evaluate_run(run, device="cpu")
+    assert set(record["metrics"]) == {"auc_mu", "auc_ova", "acc"}
+    assert record["metrics"] == pytest.approx(_direct_metrics(made), abs=1e-6)
+    per_class = record["auc_ova_per_class"]
+    assert len(per_class) == 3 and np.mean(per_class) == pytest.approx(record["metrics"]["auc_ova"])
+    for k in range(3):
+        assert (run / f"roc_test_class{k}.png").read_bytes()[:8] == PNG_MAGIC
+    assert sorted(np.load(run / "roc_test.npz").files) == sorted(
+        f"{a}_class{k}" for a in ("fpr", "tpr") for k in range(3))
+
+
+def test_cli_checkpoint_split_and_out(runs, tmp_path):
+    run, made = runs["binary"]
+    out = tmp_path / "ev"
+    record = ev.main([str(run), "--checkpoint", "best.pt", "--split", "val", "--out", str(out),
+                      "--device", "cpu"])
+    assert record["step"] == 0 and record["split"] == "val"
+    assert (out / "eval_val.json").is_file() and (out / "roc_val.png").is_file()
+    assert not (run / "eval_val.json").exists()
+    made_init = {"model": build_model(OmegaConf.create(_config("binary")), made["bundle"]),
+                 "bundle": made["bundle"]}
+    made_init["model"].load_state_dict(torch.load(run / "best.pt", weights_only=False)["model"])
+    made_init["model"].eval()
+    assert record["metrics"] == pytest.approx(_direct_metrics(made_init, split="val"), abs=1e-6)
+
+
+def test_checkpoint_without_config_uses_hydra_yaml(runs, tmp_path):
+    run, made = runs["binary"]
+    ckpt = torch.load(run / "last.pt", weights_only=False)
+    del ckpt["config"]
+    torch.save(ckpt, run / "noconf.pt")
+    record = ev.evaluate_run(run, checkpoint=run / "noconf.pt", out_dir=tmp_path, device="cpu")
+    assert record["metrics"] == pytest.approx(_direct_metrics(made), abs=1e-6)
+    with pytest.raises(FileNotFoundError, match="holds no 'config'"):
+        ev.evaluate_run(None, checkpoint=run / "noconf.pt", out_dir=tmp_path, device="cpu")
+
+
+def test_missing_checkpoint_is_actionable(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no last.pt .* pass --checkpoint"):
+        ev.evaluate_run(tmp_path, device="cpu")
+    with pytest.raises(ValueError, match="split"):
+        ev.evaluate_run(tmp_path, split="train")
