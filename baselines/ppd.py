@@ -1,0 +1,141 @@
+r"""The min-max square-loss AUC objective of PPD-SG / PPD-AdaGrad (Liu, Yuan, Ying, Yang 2020).
+
+Paper: M. Liu, Z. Yuan, Y. Ying, T. Yang, *Stochastic AUC Maximization with Deep Neural
+Networks*, ICLR 2020 (arXiv:1908.10831), eq. (1)-(2); the saddle form is Ying et al. (NeurIPS
+2016).  With :math:`h = h(w; x) \in [0, 1]` the positive-class score and :math:`p = P(y = 1)`,
+
+.. math::
+
+    F(w, a, b, \alpha; x, y) = (1-p)\,(h-a)^2\,\mathbb 1[y=1] + p\,(h-b)^2\,\mathbb 1[y=0]
+        + 2(1+\alpha)\big(p\,h\,\mathbb 1[y=0] - (1-p)\,h\,\mathbb 1[y=1]\big) - p(1-p)\,\alpha^2,
+
+and :math:`\min_{w,a,b}\max_\alpha \mathbb E[F]`.  The inner optimum is closed form:
+:math:`a^* = \mathbb E[h \mid y=1]`, :math:`b^* = \mathbb E[h \mid y=0]`,
+:math:`\alpha^* = b^* - a^*`, where
+
+.. math::
+
+    \mathbb E[F(w, a^*, b^*, \alpha^*)] = p(1-p)\Big(\mathbb E\big[(1 - h(x) + h(x'))^2
+        \,\big|\, y=1, y'=0\big] - 1\Big),
+
+i.e. the square-loss AUC surrogate up to the factor :math:`p(1-p)` and an additive constant
+(``tests/test_baselines_ppd.py`` checks this identity on batches).
+
+The trainer minimises ``forward`` over the model's parameters and :math:`(a, b)` and *maximises*
+it over :math:`\alpha`: :meth:`extra_param_groups` marks :math:`\alpha`'s group ``ascent=True``,
+which only :class:`baselines.ppd_optim.PPDSG` / :class:`~baselines.ppd_optim.PPDAdaGrad`
+honour (so pair ``objective=ppd_sg`` with ``optimizer=ppd_sg``; any other optimizer is refused
+at the first step rather than silently descending on :math:`\alpha`, which diverges).
+
+At the end of every stage of those optimizers (their ``stage_ended`` flag), :math:`\alpha` is
+reset as in Algorithm 1, line 4, from :math:`m_k` samples scored by the new (averaged) model:
+:math:`\alpha_k = \frac{\sum_j h(w_k; x_j)\mathbb 1[y_j=0]}{\sum_j \mathbb 1[y_j=0]} -
+\frac{\sum_j h(w_k; x_j)\mathbb 1[y_j=1]}{\sum_j \mathbb 1[y_j=1]}`.
+
+Deliberate deviations (and choices the paper leaves open):
+
+* Score: :math:`h` = softmax probability of class 1 (= sigmoid of the logit margin), the score
+  the LP losses use; the paper's analysis assumes :math:`h \in [0, 1]`.
+* :math:`\alpha_k`'s "fresh" samples are the last ``alpha_samples`` training examples seen through
+  :meth:`on_step_end`, re-scored by :math:`w_k` in eval mode (no BatchNorm side effects); the
+  paper draws a new minibatch of size :math:`m_k`.  Not independent of the iterates, but it costs
+  no extra data pass.
+* No projections: the theory keeps :math:`a, b, \alpha` in bounded sets; with
+  :math:`h \in [0,1]` the unprojected iterates stay near those sets anyway.
+* The authors' released code was not available offline, so deviations are stated against the
+  paper's algorithms, not against their implementation.
+* ``pos_ratio`` is the train split's positive fraction (runtime value), as in the paper.
+
+Example::
+
+    >>> obj = SquareAUCMinMax(pos_ratio=0.5)
+    >>> logits, labels = torch.zeros(4, 2), torch.tensor([0, 1, 1, 0])
+    >>> round(obj(logits, labels).item(), 4)   # h = 0.5, a = b = alpha = 0
+    0.125
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from objectives.base import Objective
+from objectives.common import binary_scores, check_labels
+
+
+def square_auc_minmax(h: torch.Tensor, labels: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+                      alpha: torch.Tensor, p: float) -> torch.Tensor:
+    """Batch mean of :math:`F(w, a, b, \\alpha; x, y)` for scores ``h [B]`` and labels ``[B]``."""
+    pos = (labels == 1).to(h.dtype)
+    neg = 1.0 - pos
+    f = ((1 - p) * (h - a) ** 2 * pos + p * (h - b) ** 2 * neg
+         + 2 * (1 + alpha) * (p * h * neg - (1 - p) * h * pos))
+    return f.mean() - p * (1 - p) * alpha ** 2
+
+
+class SquareAUCMinMax(Objective):
+    """The PPD-SG / PPD-AdaGrad objective :math:`F(w, a, b, \\alpha)` (see the module docstring).
+
+    Args:
+        pos_ratio: :math:`p`, the positive fraction of the train split (runtime value ``???``).
+        alpha_samples: :math:`m_k`, how many recent training examples re-estimate :math:`\\alpha`
+            at each stage end.
+    """
+
+    def __init__(self, pos_ratio: float, alpha_samples: int = 1024) -> None:
+        super().__init__()
+        if pos_ratio is None or not 0.0 < float(pos_ratio) < 1.0:
+            raise ValueError(f"pos_ratio must lie in (0, 1); got {pos_ratio}. It is the positive "
+                             "fraction of the train split (the trainer passes it for `???`)")
+        self.p = float(pos_ratio)
+        self.alpha_samples = int(alpha_samples)
+        self.a = nn.Parameter(torch.zeros(()))
+        self.b = nn.Parameter(torch.zeros(()))
+        self.alpha = nn.Parameter(torch.zeros(()))
+        self._cache: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def forward(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        labels = check_labels(logits, labels)
+        h = binary_scores(logits, "softmax")
+        loss = square_auc_minmax(h, labels, self.a, self.b, self.alpha, self.p)
+        self.record(ppd_a=self.a.item(), ppd_b=self.b.item(), ppd_alpha=self.alpha.item())
+        return loss
+
+    def extra_param_groups(self) -> list[dict]:
+        # a, b are primal (descent, with the proximal term); alpha is the dual (ascent) variable.
+        # No weight decay on either: the paper regularises only through the proximal term.
+        return [{"params": [self.a, self.b], "weight_decay": 0.0},
+                {"params": [self.alpha], "ascent": True, "weight_decay": 0.0}]
+
+    def on_step_end(self, *, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
+                    batch: tuple[torch.Tensor, torch.Tensor]) -> None:
+        if not getattr(optimizer, "handles_ascent", False):
+            raise TypeError(
+                f"objective SquareAUCMinMax needs an optimizer that ascends on alpha; got "
+                f"{type(optimizer).__name__}. Use optimizer=ppd_sg or optimizer=ppd_adagrad "
+                "(and scheduler.milestones=[]: their stages set the step size)")
+        self._remember(*batch)
+        if getattr(optimizer, "stage_ended", False):
+            with torch.no_grad():
+                self.alpha.fill_(self.estimate_alpha(model))
+            self.record(ppd_alpha_reset=self.alpha.item())
+
+    def _remember(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        """Keep the last ``alpha_samples`` examples (detached) for the stage-end alpha reset."""
+        self._cache.append((x.detach(), y.detach()))
+        kept = sum(len(y) for _, y in self._cache)
+        while self._cache and kept - len(self._cache[0][1]) >= self.alpha_samples:
+            kept -= len(self._cache.pop(0)[1])
+
+    @torch.no_grad()
+    def estimate_alpha(self, model: nn.Module) -> float:
+        """:math:`\\alpha_k = \\bar h_{y=0} - \\bar h_{y=1}` on the cache, model in eval."""
+        if not self._cache:
+            return 0.0
+        was_training = model.training
+        model.eval()
+        h = torch.cat([binary_scores(model(x), "softmax") for x, _ in self._cache])
+        model.train(was_training)
+        y = torch.cat([y for _, y in self._cache]).to(h.device)
+        if not ((y == 1).any() and (y == 0).any()):
+            return float(self.alpha)  # one class only: keep the running dual variable
+        return float(h[y == 0].mean() - h[y == 1].mean())
