@@ -18,9 +18,9 @@ solves one more LP at the perturbed cost and returns
     c_\lambda = c + \lambda g, \qquad z_\lambda = z^*(c_\lambda), \qquad
     \nabla_c = -\frac{1}{\lambda}\bigl(z^*(c) - z_\lambda\bigr),
 
-the exact gradient of the piecewise-affine interpolation (Pogančić et al., eq. (5)-(6) and
-Theorem 1) :math:`f_\lambda(c) = L(z_\lambda) - \tfrac1\lambda\bigl(c^\top z^*(c) - c^\top
-z_\lambda\bigr)` of the linearised loss; for a linear loss :math:`L = g^\top z` it equals
+the exact gradient of the piecewise-affine interpolation (Pogančić et al., §3)
+:math:`f_\lambda(c) = L(z_\lambda) - \tfrac1\lambda\bigl(c^\top z^*(c) - c^\top z_\lambda\bigr)`
+of the linearised loss; for a linear loss :math:`L = g^\top z` it equals
 :math:`\tfrac1\lambda\bigl(h(c + \lambda g) - h(c)\bigr)` with :math:`h(c) = \min_z c^\top z`.
 :math:`\lambda` trades informativeness (large: the vertex moves) against faithfulness (small:
 :math:`f_\lambda \to f`; below the distance to the next vertex the gradient is exactly zero).

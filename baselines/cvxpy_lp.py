@@ -65,8 +65,11 @@ _DERIVATIVE_ONLY = ("n_jobs_backward", "mode", "derivative_kwargs")
 
 @dataclass
 class CvxpySolution:
-    """What :meth:`CvxpyLP.solve` returns: ``z`` and the diagnostics every LP objective logs
-    (``iterations`` is unknown through diffcp and reported as NaN)."""
+    """What :meth:`CvxpyLP.solve` returns: ``z`` and the diagnostics every LP objective logs.
+
+    diffcp returns neither iteration counts nor duals here: ``iterations`` is NaN and
+    ``kkt_residual`` is the primal part only (max violation of ``Az <= b``, ``A_eq z = b_eq``,
+    ``z >= 0``); ``converged`` is 1 (a failed solve raises); ``solve_time`` in seconds."""
 
     z: torch.Tensor
     stats: dict[str, float] = field(default_factory=dict)
@@ -155,7 +158,8 @@ class CvxpyLP(nn.Module):
             raise ValueError("pass A_eq and b_eq together (or neither)")
         n = c.shape[-1]
         m = b.shape[-1]
-        if diag is not None and diag.shape[-1] != n or diag is None and A.shape[-2:] != (m, n):
+        if diag is not None and not diag.shape[-1] == m == n or \
+                diag is None and A.shape[-2:] != (m, n):
             raise ValueError(f"A must be [m, n] = [{m}, {n}] (from b and c); got "
                              f"{tuple((diag if diag is not None else A).shape)}")
         p = 0 if A_eq is None else A_eq.shape[-2]

@@ -12,7 +12,7 @@ optimizer is the smooth function
     \qquad
     J_c z_\sigma(c) = \frac{1}{\sigma}\,\mathbb E\bigl[z^*(c + \sigma Z)\, Z^\top\bigr]
 
-(Berthet et al., Prop. 3.1, with :math:`\nabla\nu(Z) = Z` for the Gaussian; the sign is the same
+(Berthet et al., §3, with :math:`\nabla\nu(Z) = Z` for the Gaussian; the sign is the same
 for a minimiser since :math:`Z` and :math:`-Z` are equal in law).  Both expectations are
 estimated with the same :math:`N` samples :math:`Z_1..Z_N` (``n_samples``): the forward returns
 :math:`\bar z = \tfrac1N\sum_k z^*(c + \sigma Z_k)` and the backward, for incoming
