@@ -1,0 +1,85 @@
+"""Shared plumbing of the LP objectives: score transforms, the solver call, degenerate batches.
+
+Nothing here knows a metric.  Each LP family (``auc.py``, ``auc_mu.py``, ``auc_ova.py``,
+``ratio.py``, ``nmf.py``) builds its ``(c, A, b[, A_eq, b_eq])`` and calls :func:`solve` so
+every objective logs the same solver diagnostics under the same names.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+BINARY_TRANSFORMS = ("softmax", "sigmoid", "margin")
+CLASS_TRANSFORMS = ("softmax", "logits")
+
+
+def binary_scores(logits: torch.Tensor, transform: str = "softmax") -> torch.Tensor:
+    """Scores ``[B]`` of the positive class from logits ``[B, 2]`` (or ``[B, 1]`` / ``[B]``).
+
+    * ``softmax`` -- probability of class 1 (what Meng et al. trained on); for a single logit
+      column it is the sigmoid of that logit.
+    * ``sigmoid`` -- ``sigmoid(l_1 - l_0)``; identical to ``softmax`` for two logits, kept as a
+      name for configs written for one-logit heads.
+    * ``margin`` -- the raw logit margin ``l_1 - l_0`` (unbounded: pick ``epsilon`` accordingly).
+    """
+    if transform not in BINARY_TRANSFORMS:
+        raise ValueError(f"unknown score transform {transform!r}; choose one of {BINARY_TRANSFORMS}")
+    if logits.dim() == 1:
+        margin = logits
+    elif logits.dim() == 2 and logits.shape[1] == 1:
+        margin = logits[:, 0]
+    elif logits.dim() == 2 and logits.shape[1] == 2:
+        margin = logits[:, 1] - logits[:, 0]
+    else:
+        raise ValueError(f"binary objectives need logits [B, 2] (or [B, 1]); got {tuple(logits.shape)}."
+                         " For K > 2 classes use objective=auc_ova_lp or auc_mu_lp")
+    if transform == "margin":
+        return margin
+    return torch.sigmoid(margin)
+
+
+def class_scores(logits: torch.Tensor, transform: str = "softmax") -> torch.Tensor:
+    """Class-specific scores ``f(x_i, k)`` ``[B, K]``: softmax probabilities or raw logits."""
+    if transform not in CLASS_TRANSFORMS:
+        raise ValueError(f"unknown score transform {transform!r}; choose one of {CLASS_TRANSFORMS}")
+    if logits.dim() != 2:
+        raise ValueError(f"multi-class objectives need logits [B, K]; got {tuple(logits.shape)}")
+    return torch.softmax(logits, dim=1) if transform == "softmax" else logits
+
+
+def check_labels(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    if labels.dim() != 1 or labels.shape[0] != logits.shape[0]:
+        raise ValueError(f"labels must be [B] with B = logits.shape[0] = {logits.shape[0]}; "
+                         f"got {tuple(labels.shape)}")
+    return labels.long()
+
+
+def zero_loss(logits: torch.Tensor) -> torch.Tensor:
+    """A finite zero loss connected to the graph (zero gradient), for degenerate batches."""
+    return logits.sum() * 0.0
+
+
+def _scalar(value: Any) -> float:
+    if isinstance(value, torch.Tensor):
+        return float(value.detach().float().mean()) if value.numel() else 0.0
+    return float(value)
+
+
+def solver_stats(sol) -> dict[str, float]:
+    """The solver diagnostics every LP objective logs (means over a batch of LPs)."""
+    st = sol.stats
+    get = (lambda k: st[k]) if isinstance(st, Mapping) else (lambda k: getattr(st, k))
+    return {"lp_iterations": _scalar(get("iterations")),
+            "lp_kkt_residual": _scalar(get("kkt_residual")),
+            "lp_active": _scalar(get("active_count")),
+            "lp_converged": _scalar(get("converged"))}
+
+
+def solve(c, A, b, A_eq=None, b_eq=None, *, backward: str = "active_set",
+          options: Mapping[str, Any] | None = None):
+    """``solver.solve_lp`` with the objective's ``solver`` options (imported late so the LP
+    constructions stay importable and testable while ``solver/`` is being built)."""
+    from solver import solve_lp
+    return solve_lp(c, A, b, A_eq, b_eq, backward=backward, **dict(options or {}))

@@ -1,0 +1,116 @@
+r"""Ratio metrics as linear-fractional programs, made LPs by Charnes-Cooper (seed 001 §2.4, A.2;
+Meng et al. 2021 §3.4).
+
+A ratio of confusion counts is, for fixed labels :math:`Y \in \{0,1\}^n`, a linear-fractional
+function of the relaxed predictions :math:`\hat Y`:
+
+.. math::
+
+    \max_{\hat Y} \frac{a^\top \hat Y}{d^\top \hat Y + e}
+    \quad\text{s.t.}\quad \phi_i \le \hat Y_i \le 1 + \phi_i,\ \ 0 \le \hat Y_i \le 1,
+    \ \ [\,Y^\top\hat Y \ge \alpha\,\mathbb 1^\top Y\,],
+
+where :math:`\phi_i = \phi(f(x_i)) \in [-1, 1]` ties the LP to the network (box constraints (c) of
+the paper: with :math:`\phi_i = \pm1` they pin :math:`\hat Y_i` to the thresholded prediction).
+Charnes-Cooper with :math:`t = s / (d^\top\hat Y + e)`, :math:`z = t\hat Y` (:math:`s = e` when
+:math:`e > 0`, the paper's scaling that keeps :math:`t \le 1`; else :math:`s = 1`) gives the LP
+
+.. math::
+
+    \min_{z, t \ge 0} -\tfrac{1}{s} a^\top z
+    \quad\text{s.t.}\quad d^\top z + e\,t = s,\quad z_i \le u_i t,\quad \ell_i t \le z_i,
+    \quad [\,\alpha \mathbb 1^\top Y\, t - Y^\top z \le 0\,],
+
+with :math:`u_i = \min(1, 1+\phi_i)`, :math:`\ell_i = \max(0, \phi_i)`; its optimum is
+:math:`\max` of the ratio, and :math:`\hat Y = z / t`.  (The optional recall row is feasible only
+if the boxes can reach recall :math:`\alpha`; :class:`objectives.ratio.PrecisionAtRecallLPLoss`
+lowers :math:`\alpha` to the reachable recall when they cannot.)
+
+**LICQ safeguard (Meng et al. 2021, remark 2).**  The paper's rows
+:math:`z_i \le t,\ \phi_i t \le z_i,\ z_i \le (1+\phi_i)t` plus :math:`z \ge 0` are redundant in
+pairs (for :math:`\phi_i \ge 0` the third is implied by the first, for :math:`\phi_i < 0` the second
+by :math:`z_i \ge 0`), so the gradients of the active constraints are linearly dependent at the
+optimum and the active-set system is singular.  ``safeguard="drop_redundant"`` (default) keeps
+exactly one upper row :math:`z_i - u_i t \le 0` per sample and a lower row
+:math:`\ell_i t - z_i \le 0` only where :math:`\ell_i > 0`; these define the same feasible set with
+the same derivatives almost everywhere (:math:`u, \ell` are the piecewise-linear envelopes of
+:math:`\phi`); the losses also keep :math:`\phi` inside :math:`[-1 + 10^{-6}, 1 - 10^{-6}]` so a
+saturated score cannot pin :math:`\hat Y_i` with two active rows.  Every sample then has exactly
+one active row at a vertex (generically), plus the normalisation: :math:`n + 1` independent rows
+for :math:`n + 1` variables, so the active-set system of the backward is square and nonsingular.  ``safeguard="none"`` builds the paper's 3n rows, for comparison.
+
+Example::
+
+    >>> lp = charnes_cooper_lp(num=2 * y, den=torch.ones_like(y), den0=y.sum(), phi=phi)
+    >>> sol = solve_lp(lp.c, lp.A, lp.b, lp.A_eq, lp.b_eq); value = lp.value(sol.z)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+SAFEGUARDS = ("drop_redundant", "none")
+
+
+@dataclass
+class FractionalLP:
+    """``min c^T x  s.t.  A x <= b, A_eq x = b_eq, x >= 0`` with ``x = [z (n), t]``."""
+
+    c: torch.Tensor
+    A: torch.Tensor
+    b: torch.Tensor
+    A_eq: torch.Tensor
+    b_eq: torch.Tensor
+    n: int
+
+    def value(self, x: torch.Tensor) -> torch.Tensor:
+        """The ratio at an LP point ``x`` (the negated LP objective)."""
+        return -(self.c * x).sum(-1)
+
+    def predictions(self, x: torch.Tensor) -> torch.Tensor:
+        """The relaxed predictions ``Y_hat = z / t``."""
+        return x[..., : self.n] / x[..., self.n: self.n + 1].clamp_min(1e-12)
+
+
+def box_bounds(phi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(l, u)`` with ``l = max(0, phi)``, ``u = min(1, 1 + phi)``: the boxes of constraint (c)."""
+    return torch.relu(phi), 1.0 - torch.relu(-phi)
+
+
+def charnes_cooper_lp(num: torch.Tensor, den: torch.Tensor, den0: float | torch.Tensor,
+                      phi: torch.Tensor, *, recall_rows: tuple[torch.Tensor, float] | None = None,
+                      safeguard: str = "drop_redundant") -> FractionalLP:
+    """Build the LP of the module docstring for ``max (num^T Y) / (den^T Y + den0)``.
+
+    ``recall_rows = (y, alpha)`` adds the constraint ``y^T Y_hat >= alpha * sum(y)``.
+    ``phi`` carries the gradient; ``num``, ``den``, ``den0`` depend on the labels only.
+    """
+    if safeguard not in SAFEGUARDS:
+        raise ValueError(f"safeguard must be one of {SAFEGUARDS}; got {safeguard!r}")
+    n = phi.shape[0]
+    dt, dev = phi.dtype, phi.device
+    num, den = num.to(dt), den.to(dt)
+    den0 = float(den0)
+    s = den0 if den0 > 0 else 1.0
+    eye = torch.eye(n, dtype=dt, device=dev)
+
+    if safeguard == "drop_redundant":
+        lo, up = box_bounds(phi)
+        keep = lo.detach() > 0
+        blocks = [torch.cat([eye, -up[:, None]], 1),
+                  torch.cat([-eye[keep], lo[keep][:, None]], 1)]
+    else:  # the paper's rows: z <= t, phi t <= z, z <= (1 + phi) t
+        ones = torch.ones(n, 1, dtype=dt, device=dev)
+        blocks = [torch.cat([eye, -ones], 1),
+                  torch.cat([-eye, phi[:, None]], 1),
+                  torch.cat([eye, -(1.0 + phi)[:, None]], 1)]
+    c = torch.cat([-num / s, torch.zeros(1, dtype=dt, device=dev)])
+    A_eq = torch.cat([den, torch.tensor([den0], dtype=dt, device=dev)])
+    if recall_rows is not None:
+        y, alpha = recall_rows
+        y = y.to(dt)
+        blocks.append(torch.cat([-y, (alpha * y.sum()).reshape(1)])[None, :])
+    A = torch.cat(blocks, 0)
+    return FractionalLP(c=c, A=A, b=torch.zeros(A.shape[0], dtype=dt, device=dev),
+                        A_eq=A_eq[None, :], b_eq=torch.tensor([s], dtype=dt, device=dev), n=n)

@@ -1,0 +1,175 @@
+r"""F1, F-beta, Jaccard and precision@recall as LP losses (seed 001 §2.4 and A.2; Meng et al. 2021
+§3.4).  The LP construction (Charnes-Cooper, box constraints tying :math:`\hat Y` to
+:math:`\phi(f(x))`, the LICQ safeguard) lives in :mod:`objectives.fractional`; this module only says
+which ratio each metric is, with :math:`Y` the labels and :math:`P = \mathbb 1^\top Y`:
+
+* F1 (eq. 11): :math:`2Y^\top\hat Y / (\mathbb 1^\top\hat Y + P)`;
+* F-beta (eq. 14): :math:`(1+\beta^2)Y^\top\hat Y / (\mathbb 1^\top\hat Y + \beta^2 P)`;
+* Jaccard (eq. 13): :math:`Y^\top\hat Y / ((\mathbb 1 - Y)^\top\hat Y + P)`;
+* P@R (eq. 15-16): :math:`Y^\top\hat Y / \mathbb 1^\top\hat Y` with the row
+  :math:`Y^\top\hat Y \ge \alpha P`.
+
+The loss is :math:`-\mathrm{OPT}` (minimising it maximises the relaxed metric).  Because the
+relaxation only moves :math:`\hat Y_i` inside :math:`[\max(0,\phi_i), \min(1, 1+\phi_i)]`, the
+optimum puts positives at the top and negatives at the bottom of their boxes, so the gradient
+raises :math:`\phi` of positives with :math:`\phi_i < 0` and lowers :math:`\phi` of negatives with
+:math:`\phi_i > 0`; with :math:`\phi = \pm 1` the LP value is the metric of the thresholded
+predictions.  :math:`\phi = 2\,\mathrm{softmax}_1 - 1 = \tanh((l_1 - l_0)/2)` by default.
+
+Knobs: ``phi`` (``softmax`` | ``tanh`` of the raw margin), ``safeguard`` (LICQ, see
+:mod:`objectives.fractional`), ``backward`` / ``solver`` options; ``beta`` (F-beta), ``alpha`` and
+``recall_penalty`` (P@R).  A batch without positives has no defined ratio: zero loss,
+``degenerate_batches`` counts it.
+
+Caveat (the paper's relaxation, not a bug): a positive with :math:`\phi_i` slightly below 0
+still counts :math:`\hat Y_i = 1 + \phi_i \approx 1`, so the relaxed metric can be near its
+maximum while thresholded predictions are not; P@R is the most exposed (precision rises as all
+scores fall), hence its recall penalty.
+
+Example::
+
+    >>> loss_fn = F1LPLoss()
+    >>> logits = torch.randn(64, 2, requires_grad=True)
+    >>> loss = loss_fn(logits, torch.randint(0, 2, (64,))); loss.backward()
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from objectives.base import Objective
+from objectives.common import check_labels, solve, solver_stats, zero_loss
+from objectives.fractional import SAFEGUARDS, box_bounds, charnes_cooper_lp
+
+PHI = ("softmax", "tanh")
+PHI_MARGIN = 1e-6  # distance kept from +-1 by the LICQ safeguard
+
+
+def phi_of_logits(logits: torch.Tensor, phi: str = "softmax") -> torch.Tensor:
+    """``phi(f(x)) in (-1, 1)``: ``2 p_1 - 1`` (softmax) or ``tanh(l_1 - l_0)``."""
+    if phi not in PHI:
+        raise ValueError(f"phi must be one of {PHI}; got {phi!r}")
+    if logits.dim() != 2 or logits.shape[1] not in (1, 2):
+        raise ValueError(f"ratio objectives are binary: logits [B, 2] (or [B, 1]); got {tuple(logits.shape)}")
+    margin = logits[:, 0] if logits.shape[1] == 1 else logits[:, 1] - logits[:, 0]
+    return torch.tanh(margin / 2 if phi == "softmax" else margin)
+
+
+class RatioLPLoss(Objective):
+    """Base class: subclasses implement :meth:`ratio`; see the module docstring."""
+
+    def __init__(self, phi: str = "softmax", safeguard: str = "drop_redundant",
+                 backward: str = "active_set", positive_class: int = 1,
+                 solver: Mapping[str, Any] | None = None) -> None:
+        super().__init__()
+        if phi not in PHI:
+            raise ValueError(f"phi must be one of {PHI}; got {phi!r}")
+        if safeguard not in SAFEGUARDS:
+            raise ValueError(f"safeguard must be one of {SAFEGUARDS}; got {safeguard!r}")
+        self.phi, self.safeguard, self.backward = phi, safeguard, backward
+        self.positive_class = int(positive_class)
+        self.solver_options = dict(solver or {})
+
+    def ratio(self, y: torch.Tensor) -> dict[str, Any]:
+        """``num``, ``den``, ``den0`` (and optionally ``recall_rows``) for labels ``y`` in {0, 1}."""
+        raise NotImplementedError
+
+    def ratio_lp(self, phi: torch.Tensor, y: torch.Tensor) -> dict[str, Any]:
+        return self.ratio(y)
+
+    def build_lp(self, phi: torch.Tensor, y: torch.Tensor):
+        return charnes_cooper_lp(phi=phi, safeguard=self.safeguard, **self.ratio_lp(phi, y))
+
+    def lp_value(self, phi: torch.Tensor, y: torch.Tensor, backward: str | None = None):
+        """The LP optimum (differentiable in ``phi``) and the solver's solution."""
+        lp = self.build_lp(phi, y)
+        sol = solve(lp.c, lp.A, lp.b, lp.A_eq, lp.b_eq, backward=backward or self.backward,
+                    options=self.solver_options)
+        return lp.value(sol.z), sol
+
+    def forward(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        labels = check_labels(logits, labels)
+        phi = phi_of_logits(logits, self.phi)
+        if self.safeguard != "none":
+            # a saturated phi = +-1 pins Y_hat_i (l_i = u_i): two active rows for one variable,
+            # a degenerate vertex; keeping phi inside (-1, 1) leaves one row per sample.
+            phi = phi.clamp(-1 + PHI_MARGIN, 1 - PHI_MARGIN)
+        y = (labels == self.positive_class).to(phi.dtype)
+        if y.sum() == 0:
+            self.record(degenerate_batches=1.0)
+            return zero_loss(logits)
+        value, sol = self.lp_value(phi, y)
+        self.record(**solver_stats(sol), degenerate_batches=0.0)
+        return -value + self.penalty(phi, y)
+
+    def penalty(self, phi: torch.Tensor, y: torch.Tensor) -> torch.Tensor | float:
+        """A term added to ``-OPT`` (zero except where the LP alone cannot express the metric)."""
+        return 0.0
+
+
+class F1LPLoss(RatioLPLoss):
+    """F1 = 2TP / (2TP + FP + FN) as an LP (seed 001 eq. 11-12)."""
+
+    def ratio(self, y):
+        return {"num": 2 * y, "den": torch.ones_like(y), "den0": y.sum()}
+
+
+class FBetaLPLoss(RatioLPLoss):
+    """F-beta = (1 + b^2) TP / ((1 + b^2) TP + b^2 FN + FP) as an LP (seed 001 eq. 14).
+
+    ``beta`` > 1 weighs recall more, < 1 precision more."""
+
+    def __init__(self, beta: float = 1.0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if not beta > 0:
+            raise ValueError(f"beta must be > 0; got {beta}")
+        self.beta = float(beta)
+
+    def ratio(self, y):
+        b2 = self.beta ** 2
+        return {"num": (1 + b2) * y, "den": torch.ones_like(y), "den0": b2 * y.sum()}
+
+
+class JaccardLPLoss(RatioLPLoss):
+    """Jaccard = TP / (TP + FP + FN) as an LP (seed 001 eq. 13)."""
+
+    def ratio(self, y):
+        return {"num": y, "den": 1 - y, "den0": y.sum()}
+
+
+class PrecisionAtRecallLPLoss(RatioLPLoss):
+    r"""Precision at recall >= alpha as an LP (seed 001 eq. 15-16).
+
+    When the boxes cannot reach recall ``alpha`` (positives scored too low) the LP is
+    infeasible.  Then ``alpha`` is lowered to the reachable recall
+    :math:`\rho = \sum_{y_i=1} u_i / P` for the LP (counted in ``recall_clamped``) and the
+    shortfall is priced outside it, ``loss = -OPT + recall_penalty * relu(alpha - rho)``: without
+    that term precision alone is maximised by pushing every score below zero (the LP value tends
+    to 1 with no positive predicted), which is the collapse the recall row exists to prevent.
+
+    Args:
+        alpha: the minimum recall.
+        recall_penalty: price per unit of recall shortfall (1 = one unit of precision).
+    """
+
+    def __init__(self, alpha: float = 0.8, recall_penalty: float = 1.0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if not 0 <= alpha <= 1:
+            raise ValueError(f"alpha (the minimum recall) must be in [0, 1]; got {alpha}")
+        self.alpha, self.recall_penalty = float(alpha), float(recall_penalty)
+
+    def ratio(self, y):
+        return {"num": y, "den": torch.ones_like(y), "den0": 0.0, "recall_rows": (y, self.alpha)}
+
+    def reachable_recall(self, phi, y):
+        return (y * box_bounds(phi)[1]).sum() / y.sum()
+
+    def ratio_lp(self, phi, y):
+        reachable = float(self.reachable_recall(phi.detach(), y))
+        self.record(recall_clamped=float(reachable < self.alpha))
+        return {**self.ratio(y), "recall_rows": (y, min(self.alpha, reachable))}
+
+    def penalty(self, phi, y):
+        return self.recall_penalty * torch.relu(self.alpha - self.reachable_recall(phi, y))

@@ -1,0 +1,22 @@
+"""Differentiable LP layer: Mangasarian's generalized Newton method on the exterior penalty.
+
+``solve_lp(c, A, b, A_eq=None, b_eq=None, *, backward="active_set", **options)`` solves
+``min c^T z s.t. A z <= b, A_eq z = b_eq, z >= 0`` (batched) and returns an
+:class:`LPSolution` whose ``z`` is differentiable w.r.t. ``c, A, b, A_eq, b_eq``;
+:class:`LPLayer` is the ``nn.Module`` form.  References: Mangasarian 2004, "A Newton method
+for linear programming", JOTA 121; Mangasarian 2006, "Exact 1-norm support vector machines
+via unconstrained convex differentiable minimization", JMLR 7; Meng et al. 2021 (seed 002).
+"""
+from solver.errors import LPInputError, LPNotConvergedWarning, LPSolverError
+from solver.layer import LPLayer
+from solver.operators import (DenseOperator, DiagonalOperator, LinearOperator, SparseOperator,
+                              as_operator)
+from solver.options import SolverOptions
+from solver.solution import LPSolution
+from solver.solve import solve_lp
+from solver.stacked import HStackOperator, VStackOperator
+
+__all__ = ["solve_lp", "LPLayer", "LPSolution", "LPSolverError", "LPInputError",
+           "LPNotConvergedWarning", "SolverOptions", "LinearOperator", "DenseOperator",
+           "DiagonalOperator", "SparseOperator", "VStackOperator", "HStackOperator",
+           "as_operator"]

@@ -1,0 +1,38 @@
+"""Typed, actionable errors of the LP layer.
+
+``LPSolverError`` is raised when the LP itself is the problem (infeasible, unbounded) or the
+solver did not converge; ``LPInputError`` (also a ``ValueError``) when the call is malformed
+(shapes, dtypes, non-finite numbers, an empty problem).  Both carry ``stats`` (the solver
+diagnostics, when a solve ran) and ``kind``.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+
+class LPSolverError(RuntimeError):
+    """The LP could not be solved.
+
+    Attributes:
+        kind: ``"infeasible"``, ``"unbounded"``, ``"not_converged"`` or ``"invalid_input"``.
+        stats: the solver diagnostics (same keys as :attr:`LPSolution.stats`) or ``{}``.
+        instances: batch indices (flattened) of the offending LPs, where known.
+    """
+
+    def __init__(self, message: str, *, kind: str = "not_converged",
+                 stats: Mapping[str, Any] | None = None, instances: list[int] | None = None):
+        super().__init__(message)
+        self.kind = kind
+        self.stats = dict(stats or {})
+        self.instances = list(instances or [])
+
+
+class LPInputError(LPSolverError, ValueError):
+    """Malformed call: wrong shapes, non-finite data, empty problem, unknown option."""
+
+    def __init__(self, message: str):
+        super().__init__(message, kind="invalid_input")
+
+
+class LPNotConvergedWarning(RuntimeWarning):
+    """Issued instead of raising when ``on_fail="warn"``."""

@@ -1,0 +1,174 @@
+r"""The Newton system :math:`K = A^\top W_A A + W_z + A_{eq}^\top A_{eq} + \delta I`.
+
+``W_A``/``W_z`` are the 0-1 diagonals of the generalized Hessian (Mangasarian 2004, JOTA 121,
+eq. (11); seed 002 eq. 5): the rows of ``A z <= b`` and of ``z >= 0`` that are violated at the
+current iterate.  The same matrix with the final active set (and ``delta = 0``) is the normal
+matrix of the primal recovery and of the active-set backward, so one class serves all three.
+
+Solvers (``method``):
+
+* ``"diagonal"``: every row of ``A`` has one nonzero (e.g. ``A = -I``): ``K`` is diagonal, O(m).
+* ``"cholesky"``: dense ``[B, n, n]`` batched Cholesky (small dense problems); with
+  ``pinv=True`` a float64 eigendecomposition gives the minimum-norm (pseudo-inverse) solution
+  used where the active rows do not pin down a vertex.
+* ``"cg"``: batched Jacobi-preconditioned conjugate gradients, products only.
+
+Everything is written with differentiable torch ops, so the unrolled backward can run through it.
+"""
+from __future__ import annotations
+
+import torch
+
+from solver.errors import LPInputError
+
+
+def choose_method(prob, requested: str) -> str:
+    ops = [prob.A] + ([prob.A_eq] if prob.A_eq is not None else [])
+    diagonal_ok = prob.A.gram_is_diagonal and prob.A_eq is None
+    if requested == "auto":
+        if diagonal_ok:
+            return "diagonal"
+        if all(op.dense_gram_is_cheap for op in ops) and prob.n <= 2048:
+            return "cholesky"
+        return "cg"
+    if requested == "diagonal" and not diagonal_ok:
+        raise LPInputError("linear_solver='diagonal' needs a diagonal-gram A (e.g. "
+                           "DiagonalOperator) and no equality rows; use 'auto'.")
+    if requested not in ("diagonal", "cholesky", "cg"):
+        raise LPInputError(f"linear_solver={requested!r}; choose auto, diagonal, cholesky or cg.")
+    return requested
+
+
+def diag_scale(prob) -> torch.Tensor:
+    """Mean diagonal of ``G^T G`` per LP: the scale that ``delta`` is relative to."""
+    with torch.no_grad():
+        ones = torch.ones(prob.B, prob.m, dtype=prob.dtype, device=prob.device)
+        s = 1.0 + prob.A.gram_diag(ones).expand(prob.B, prob.n).mean(-1)
+        if prob.A_eq is not None:
+            ones = torch.ones(prob.B, prob.p, dtype=prob.dtype, device=prob.device)
+            s = s + prob.A_eq.gram_diag(ones).expand(prob.B, prob.n).mean(-1)
+    return s
+
+
+class NewtonSystem:
+    """``K x = r`` for a batch; ``wA [B, m]``, ``wz [B, n]`` are 0/1, ``delta [B]``."""
+
+    def __init__(self, prob, wA, wz, delta, method, *, pinv=False, cg_tol=1e-10,
+                 cg_max_iter=500):
+        self.prob, self.wA, self.wz, self.delta = prob, wA, wz, delta
+        self.method, self.pinv = method, pinv
+        self.cg_tol, self.cg_max_iter = cg_tol, cg_max_iter
+        self.cg_iterations = 0
+        self._factor = None
+
+    # -- products -------------------------------------------------------------------------
+    def matvec(self, x):
+        p = self.prob
+        y = p.A.rmatvec(self.wA * p.A.matvec(x)) + (self.wz + self.delta.unsqueeze(-1)) * x
+        if p.A_eq is not None:
+            y = y + p.A_eq.rmatvec(p.A_eq.matvec(x))
+        return y
+
+    def diagonal(self):
+        if getattr(self, "_diag", None) is not None:
+            return self._diag
+        p = self.prob
+        d = p.A.gram_diag(self.wA).expand_as(self.wz) + self.wz + self.delta.unsqueeze(-1)
+        if p.A_eq is not None:
+            ones = torch.ones(p.B, p.p, dtype=d.dtype, device=d.device)
+            d = d + p.A_eq.gram_diag(ones)
+        if not torch.is_grad_enabled() or not d.requires_grad:
+            self._diag = d
+        return d
+
+    def dense(self, dtype=None):
+        p = self.prob
+        A = p.A if dtype is None else p.A.to(dtype)
+        wA = self.wA if dtype is None else self.wA.to(dtype)
+        K = A.gram(wA).expand(p.B, p.n, p.n)
+        dvec = self.wz + self.delta.unsqueeze(-1)
+        K = K + torch.diag_embed(dvec if dtype is None else dvec.to(dtype))
+        if p.A_eq is not None:
+            E = p.A_eq if dtype is None else p.A_eq.to(dtype)
+            ones = torch.ones(p.B, p.p, dtype=K.dtype, device=K.device)
+            K = K + E.gram(ones)
+        return K
+
+    # -- solves ---------------------------------------------------------------------------
+    def solve(self, r):
+        if self.method == "diagonal":
+            return self._solve_diagonal(r)
+        if self.method == "cholesky":
+            return self._solve_pinv(r) if self.pinv else self._solve_cholesky(r)
+        return self._solve_cg(r)
+
+    def _solve_diagonal(self, r):
+        if not self.pinv:
+            return r / self.diagonal()
+        if self._factor is None:
+            d = self.diagonal()
+            tiny = 1e3 * torch.finfo(d.dtype).eps * d.detach().abs().amax(-1, keepdim=True)
+            self._factor = torch.where(d > tiny, 1.0 / torch.where(d > tiny, d, tiny),
+                                       torch.zeros_like(d))
+        return r * self._factor
+
+    def _solve_cholesky(self, r):
+        if self._factor is None:
+            K = self.dense()
+            scale = self.delta
+            for _ in range(4):
+                L, info = torch.linalg.cholesky_ex(K)
+                if not bool((info > 0).any()):
+                    break
+                # numerically singular: strengthen the regularisation (only where it failed)
+                bump = torch.where(info > 0, 100 * scale, torch.zeros_like(scale))
+                K = K + torch.diag_embed(bump.unsqueeze(-1).expand(-1, K.shape[-1]))
+                scale = scale * 100
+            self._factor = L
+        return torch.cholesky_solve(r.unsqueeze(-1), self._factor).squeeze(-1)
+
+    def _solve_pinv(self, r):
+        if self._factor is None:
+            K = self.dense(torch.float64)
+            evals, Q = torch.linalg.eigh(K)
+            top = evals.amax(-1, keepdim=True).clamp_min(1e-300)
+            # eigenvalues of K are accurate to ~eps64 * top: below that a direction is noise
+            keep = evals > top * (10 * K.shape[-1] * torch.finfo(torch.float64).eps)
+            inv = torch.where(keep, 1.0 / torch.where(keep, evals, torch.ones_like(evals)),
+                              torch.zeros_like(evals))
+            self._factor = (Q, inv)
+            self.rank = keep.sum(-1)
+        Q, inv = self._factor
+        x = Q @ (inv * (Q.transpose(-1, -2) @ r.to(torch.float64).unsqueeze(-1)).squeeze(-1)
+                 ).unsqueeze(-1)
+        return x.squeeze(-1).to(r.dtype)
+
+    def _solve_cg(self, r):
+        d = self.diagonal().detach()
+        minv = torch.where(d > 0, 1.0 / torch.where(d > 0, d, torch.ones_like(d)),
+                           torch.ones_like(d))
+        x = torch.zeros_like(r)
+        res = r
+        zr = minv * res
+        p = zr
+        rz = (res * zr).sum(-1)
+        target = self.cg_tol * r.detach().norm(dim=-1)
+        for k in range(self.cg_max_iter):
+            Kp = self.matvec(p)
+            pKp = (p * Kp).sum(-1)
+            ok = pKp > 0
+            alpha = torch.where(ok, rz / torch.where(ok, pKp, torch.ones_like(pKp)),
+                                torch.zeros_like(pKp))
+            x = x + alpha.unsqueeze(-1) * p
+            res = res - alpha.unsqueeze(-1) * Kp
+            self.cg_iterations = k + 1
+            if bool((res.detach().norm(dim=-1) <= target).all()):
+                break
+            zr = minv * res
+            rz_new = (res * zr).sum(-1)
+            okb = rz > 0
+            beta = torch.where(okb, rz_new / torch.where(okb, rz, torch.ones_like(rz)),
+                               torch.zeros_like(rz))
+            p = zr + beta.unsqueeze(-1) * p
+            rz = rz_new
+        return x

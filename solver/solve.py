@@ -1,0 +1,221 @@
+r"""``solve_lp``: Mangasarian's exterior-penalty Newton method with the eps rule, differentiable.
+
+Algorithm (seed 002 sec. 4; Mangasarian 2004, "A Newton method for linear programming", JOTA
+121; Mangasarian 2006, "Exact 1-norm SVMs via unconstrained convex differentiable
+minimization", JMLR 7):
+
+1. minimise the exterior penalty :math:`g_\varepsilon` by generalized Newton
+   (:mod:`solver.newton`), warm-started across eps;
+2. threshold the residuals into multipliers, take the active set, recover the primal vertex by
+   one linear solve and check the KKT conditions (:mod:`solver.recover`);
+3. if the check fails, ``eps *= eps_decay`` and repeat (Mangasarian's eps rule: for every
+   :math:`\varepsilon \le \bar\varepsilon` the thresholded multipliers are the exact least-norm
+   dual solution, so the recovered vertex stops changing and the KKT check passes);
+4. attach the backward (:mod:`solver.implicit`).
+"""
+from __future__ import annotations
+
+import time
+import warnings
+from dataclasses import fields
+
+import torch
+
+from solver.errors import LPInputError, LPNotConvergedWarning, LPSolverError
+from solver.implicit import active_set_output, unrolled_output
+from solver.linsolve import NewtonSystem, choose_method, diag_scale
+from solver.newton import newton_penalty
+from solver.options import SolverOptions
+from solver.problem import build_problem
+from solver.recover import Recovery, recover
+from solver.sketch import make_sketch
+from solver.solution import LPSolution
+from solver import diagnose
+
+BACKWARDS = ("active_set", "unrolled")
+
+
+def _merge(old: Recovery | None, new: Recovery, ok: torch.Tensor) -> Recovery:
+    if old is None:
+        return new
+    vals = {}
+    for f in fields(Recovery):
+        a, b = getattr(old, f.name), getattr(new, f.name)
+        if isinstance(b, torch.Tensor):
+            mask = ok.view(-1, *([1] * (b.dim() - 1)))
+            vals[f.name] = torch.where(mask, b, a)
+        else:
+            vals[f.name] = b
+    return Recovery(**vals)
+
+
+def _initial_point(prob, opts):
+    eps = torch.full((prob.B,), opts.eps, dtype=prob.dtype, device=prob.device)
+    z = torch.zeros(prob.B, prob.n, dtype=prob.dtype, device=prob.device)
+    ws = opts.warm_start
+    if ws is None:
+        return z, eps
+    if isinstance(ws, LPSolution):
+        z0 = ws.penalty_z
+        if ws.eps is not None:
+            e = ws.eps.detach().to(prob.dtype).reshape(-1)
+            eps = e.expand(prob.B).clone() if e.numel() in (1, prob.B) else eps
+    elif isinstance(ws, torch.Tensor):
+        z0 = ws
+    else:
+        raise LPInputError("warm_start must be a previous LPSolution or a [..., n] tensor.")
+    if z0 is None or z0.shape[-1] != prob.n:
+        raise LPInputError(f"warm_start has the wrong size; expected [..., {prob.n}].")
+    z0 = z0.detach().to(prob.dtype).reshape(-1, prob.n)
+    if z0.shape[0] not in (1, prob.B):
+        raise LPInputError(f"warm_start holds {z0.shape[0]} LPs, the batch has {prob.B}.")
+    return z0.expand(prob.B, prob.n).clone(), eps
+
+
+def run_eps_loop(prob, z, eps, opts, method, extra_steps=0):
+    """Steps 1-3 for the whole batch; returns a dict describing the final state.
+
+    ``extra_steps`` (unrolled backward): after acceptance keep decreasing eps a few times and
+    iterate on (the vertex does not change for eps <= eps-bar, but the unrolled iterate
+    ``z_eps = z* + O(eps)`` and its Jacobian get closer to the vertex's)."""
+    delta = opts.delta * diag_scale(prob)
+    sketch = make_sketch(prob, opts)
+    B = prob.B
+    done = torch.zeros(B, dtype=torch.bool, device=prob.device)
+    diverged = torch.zeros_like(done)
+    iters = torch.zeros(B, dtype=torch.long, device=prob.device)
+    steps = torch.zeros_like(iters)
+    acc, zp_acc, cg_total = None, z, 0
+    for stage in range(opts.max_eps_steps + 1):
+        todo = ~done & ~diverged
+        # Newton's own stopping tolerance is tighter than the KKT check it feeds
+        z, info = newton_penalty(prob, z, eps, method=method, delta=delta,
+                                 tol=0.1 * opts.tol, max_iter=opts.max_iter, step=opts.step,
+                                 step_size=opts.step_size, max_norm=opts.max_norm,
+                                 update=todo, cg_tol=opts.cg_tol,
+                                 cg_max_iter=opts.cg_max_iter, sketch=sketch)
+        iters = iters + info["iterations"]
+        cg_total += info["cg_iterations"]
+        diverged = diverged | info["diverged"]
+        rec = recover(prob, z, eps, method=method, active_tol=opts.active_tol,
+                      cg_tol=opts.cg_tol, cg_max_iter=4 * opts.cg_max_iter,
+                      accept_tol=opts.tol)
+        ok = todo & (rec.kkt <= opts.tol) & ~info["diverged"]
+        acc = _merge(acc, rec, todo)
+        zp_acc = torch.where(todo.unsqueeze(-1), z, zp_acc)
+        done = done | ok
+        last_todo = todo
+        if bool((done | diverged).all()) or stage == opts.max_eps_steps:
+            break
+        eps = torch.where(done | diverged, eps, eps * opts.eps_decay)
+        steps = steps + (~done & ~diverged).long()
+    for _ in range(extra_steps):
+        eps = torch.where(done, eps * opts.eps_decay, eps)
+        z, info = newton_penalty(prob, zp_acc, eps, method=method, delta=delta, tol=opts.tol,
+                                 max_iter=opts.max_iter, step=opts.step,
+                                 step_size=opts.step_size, max_norm=opts.max_norm,
+                                 update=done, cg_tol=opts.cg_tol,
+                                 cg_max_iter=opts.cg_max_iter, sketch=sketch)
+        iters = iters + info["iterations"]
+        zp_acc = z
+    # the backward needs K_T of the accepted active sets: reuse the last factorisation when
+    # every LP was updated at the last stage, else rebuild (factorised lazily)
+    if not bool(last_todo.all()):
+        acc.system = NewtonSystem(prob, acc.wA, acc.wz, torch.zeros_like(eps), method,
+                                  pinv=True, cg_tol=opts.cg_tol,
+                                  cg_max_iter=4 * opts.cg_max_iter)
+    return {"rec": acc, "zp": zp_acc, "eps": eps, "done": done, "diverged": diverged,
+            "iterations": iters, "eps_steps": steps, "cg_iterations": cg_total}
+
+
+def _stats(prob, run, method, seconds):
+    rec = run["rec"]
+    active = rec.wA.sum(-1) + rec.wz.sum(-1)
+    per = {"iterations": run["iterations"], "converged": run["done"],
+           "kkt_residual": rec.kkt, "primal_infeasibility": rec.primal_inf,
+           "dual_residual": rec.dual_res, "duality_gap": rec.gap, "active_count": active,
+           "eps": run["eps"], "eps_steps": run["eps_steps"]}
+    per = {k: prob.unflatten(v.detach()) for k, v in per.items()}
+    stats = {"iterations": int(run["iterations"].max()),
+             "converged": bool(run["done"].all()),
+             "kkt_residual": float(rec.kkt.max()),
+             "primal_infeasibility": float(rec.primal_inf.max()),
+             "dual_residual": float(rec.dual_res.max()),
+             "duality_gap": float(rec.gap.max()),
+             "active_count": float(active.float().mean()),
+             "eps": float(run["eps"].min()),
+             "eps_steps": int(run["eps_steps"].max()),
+             "linear_solver": method,
+             "cg_iterations": int(run["cg_iterations"]),
+             "batch_size": prob.B,
+             "seconds": seconds}
+    return stats, per
+
+
+def solve_lp(c, A, b, A_eq=None, b_eq=None, *, backward: str = "active_set",
+             **options) -> LPSolution:
+    r"""Solve ``min c^T z  s.t.  A z <= b,  A_eq z = b_eq,  z >= 0`` differentiably.
+
+    Args:
+        c: ``[..., n]`` cost.
+        A: ``[..., m, n]`` dense tensor, a ``torch.sparse`` COO/CSR tensor (``[m, n]`` or
+            ``[B, m, n]``) or a :class:`solver.LinearOperator` (``DenseOperator``,
+            ``DiagonalOperator``, ``SparseOperator``, ``VStackOperator``, ``HStackOperator``).
+        b: ``[..., m]``.
+        A_eq, b_eq: optional equality rows ``[..., p, n]`` (same kinds as ``A``), ``[..., p]``.
+        backward: ``"active_set"`` (implicit differentiation on the final active set; default)
+            or ``"unrolled"`` (autograd through the Newton iterations).
+        **options: see :class:`solver.options.SolverOptions` (``eps``, ``eps_decay``,
+            ``max_eps_steps``, ``max_iter``, ``tol``, ``delta``, ``step``, ``step_size``,
+            ``linear_solver``, ``cg_tol``, ``cg_max_iter``, ``active_tol``, ``max_norm``,
+            ``warm_start``, ``sketch``, ``sketch_size``, ``sketch_seed``, ``on_fail``,
+            ``diagnose``, ``compute_dtype``).
+
+    Leading batch dimensions broadcast (an unbatched ``A`` is shared by the batch).
+
+    Returns:
+        :class:`solver.LPSolution` (``z``, ``value``, ``dual``, ``active``, ``stats``, ...).
+
+    Raises:
+        LPInputError (a ``ValueError``): bad shapes/dtypes/options, NaN/Inf, empty problem.
+        LPSolverError: infeasible or unbounded LP (``err.kind``), or not converged with
+            ``on_fail="raise"``; ``err.stats`` holds the diagnostics.
+    """
+    if backward not in BACKWARDS:
+        raise LPInputError(f"backward={backward!r}; choose 'active_set' or 'unrolled'.")
+    opts = SolverOptions.from_kwargs(options)
+    t0 = time.perf_counter()
+    prob = build_problem(c, A, b, A_eq, b_eq, compute_dtype=opts.compute_dtype)
+    method = choose_method(prob, opts.linear_solver)
+    opts = opts.resolved(prob.dtype, separable=method == "diagonal")
+    z0, eps0 = _initial_point(prob, opts)
+    unrolled = backward == "unrolled" and torch.is_grad_enabled()
+    with torch.set_grad_enabled(unrolled):
+        run = run_eps_loop(prob, z0, eps0, opts, method,
+                           opts.unrolled_eps_steps if backward == "unrolled" else 0)
+    rec = run["rec"]
+    if not bool(run["done"].all()):
+        stats, _ = _stats(prob, run, method, time.perf_counter() - t0)
+        kind, msg, bad = diagnose.explain(prob, opts, method, run) if opts.diagnose else \
+            ("not_converged", diagnose.not_converged_message(opts, run), [])
+        if kind != "not_converged" or opts.on_fail == "raise":
+            raise LPSolverError(msg, kind=kind, stats=stats, instances=bad)
+        warnings.warn(msg, LPNotConvergedWarning, stacklevel=2)
+    if backward == "unrolled":
+        z = unrolled_output(rec.z, run["zp"])
+    else:
+        z = active_set_output(prob, rec.z, rec.system)
+    out_dtype = c.dtype
+    z_out = prob.unflatten(z, (prob.n,)).to(out_dtype)
+    value = (prob.unflatten(prob.c, (prob.n,)).to(out_dtype) * z_out).sum(-1)
+    stats, per = _stats(prob, run, method, time.perf_counter() - t0)
+    return LPSolution(
+        z=z_out, value=value,
+        dual=prob.unflatten(rec.uA, (prob.m,)).to(out_dtype),
+        active=prob.unflatten(rec.wA > 0, (prob.m,)),
+        stats=stats, instance_stats=per,
+        dual_eq=None if rec.uE is None else prob.unflatten(rec.uE, (prob.p,)).to(out_dtype),
+        dual_bounds=prob.unflatten(rec.uz, (prob.n,)).to(out_dtype),
+        active_bounds=prob.unflatten(rec.wz > 0, (prob.n,)),
+        eps=prob.unflatten(run["eps"].detach()),
+        penalty_z=prob.unflatten(run["zp"].detach(), (prob.n,)))
