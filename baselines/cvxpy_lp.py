@@ -52,7 +52,6 @@ from diffcp.cone_program import SolverError
 from torch import nn
 
 from objectives.auc import AUCLoss
-from objectives.common import zero_loss
 from objectives.pairwise import neg_identity
 from objectives.ratio import F1LPLoss
 
@@ -241,20 +240,13 @@ class AUCCvxpyLoss(AUCLoss):
         self.layer = CvxpyLP(solver=solver, solver_args=solver_args, n_jobs=n_jobs,
                              cache_size=cache_size)
 
-    def forward(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        # PairwiseRampLP.forward with ramp_lp(...) replaced by the cvxpylayers solve.
-        out = self.pairs(logits, labels)
-        if out is None:
-            self.record(degenerate_batches=1.0)
-            return zero_loss(logits)
-        d, w, degenerate = out if len(out) == 3 else (*out, False)
+    def solve_pairs(self, d: torch.Tensor) -> torch.Tensor:
         m = d.numel()
         A = neg_identity(m, d) if self.structure == "diagonal" else \
             -torch.eye(m, dtype=d.dtype, device=d.device)
         sol = self.layer.solve(torch.ones_like(d), A, d - self.epsilon)
-        self.record(**_cvxpy_stats(sol), degenerate_batches=float(degenerate), lp_pairs=float(m))
-        counted = torch.relu(self.epsilon - sol.z) / self.epsilon
-        return 1.0 - (w * counted).sum()
+        self.record(**_cvxpy_stats(sol))
+        return sol.z
 
     def extra_repr(self) -> str:
         return f"epsilon={self.epsilon}, structure={self.structure!r}, {self.layer.extra_repr()}"

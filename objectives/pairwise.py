@@ -88,13 +88,19 @@ class PairwiseRampLP(Objective):
             self.record(degenerate_batches=1.0)
             return zero_loss(logits)
         d, w, degenerate = out if len(out) == 3 else (*out, False)
+        z = self.solve_pairs(d)
+        self.record(degenerate_batches=float(degenerate), lp_pairs=float(d.numel()))
+        counted = torch.relu(self.epsilon - z) / self.epsilon
+        return 1.0 - (w * counted).sum()
+
+    def solve_pairs(self, d: torch.Tensor) -> torch.Tensor:
+        """``z*`` of the pairwise LP for margins ``d``; the one hook a different LP solver
+        (e.g. :class:`baselines.cvxpy_lp.AUCCvxpyLoss`) overrides."""
         z, sol = ramp_lp(d, self.epsilon, method=self.method, backward=self.backward,
                          options=self.solver_options)
         if sol is not None:
             self.record(**solver_stats(sol))
-        self.record(degenerate_batches=float(degenerate), lp_pairs=float(d.numel()))
-        counted = torch.relu(self.epsilon - z) / self.epsilon
-        return 1.0 - (w * counted).sum()
+        return z
 
     def extra_repr(self) -> str:
         return f"epsilon={self.epsilon}, method={self.method!r}, backward={self.backward!r}"
