@@ -43,11 +43,11 @@ class SolverOptions:
     on_fail: str = "raise"          # not converged: "raise" | "warn" (infeasible/unbounded
                                     # always raise)
     diagnose: bool = True           # on failure, tell infeasible / unbounded / not converged
-    compute_dtype: torch.dtype | None = None
+    compute_dtype: torch.dtype | None = None  # e.g. torch.float64 for float32 data
     # backward="unrolled": eps reductions (x eps_decay) unrolled past the accepted eps; the
     # unrolled iterate is z* + O(eps), so each step brings its Jacobian ~10x closer to the
     # vertex's (active-set) Jacobian at a cost of ~2 warm Newton steps
-    unrolled_eps_steps: int = 2  # e.g. torch.float64 for float32 data
+    unrolled_eps_steps: int = 2
 
     def resolved(self, dtype: torch.dtype, separable: bool = False) -> "SolverOptions":
         f64 = dtype == torch.float64

@@ -15,7 +15,16 @@ from sklearn.metrics import f1_score, fbeta_score, jaccard_score, precision_scor
 from objectives.fractional import box_bounds
 from objectives.ratio import F1LPLoss, FBetaLPLoss, JaccardLPLoss, PrecisionAtRecallLPLoss
 
-torch.set_default_dtype(torch.float64)
+
+@pytest.fixture(autouse=True)
+def _float64_default():
+    """These oracle tests build tensors in float64; restore the default for other modules."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(previous)
+
+
 
 LOSSES = {
     "f1": lambda **kw: F1LPLoss(**kw),
