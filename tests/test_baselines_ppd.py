@@ -5,12 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 from hydra.utils import instantiate
-from omegaconf import OmegaConf
 
 from baselines.ppd import SquareAUCMinMax, square_auc_minmax
 from baselines.ppd_optim import PPDSG, PPDAdaGrad
 from builders import instantiate_runtime
-from tests.test_configs import CONFIGS
 
 
 def batch(seed: int, n: int = 40, pos_frac: float = 0.7):
@@ -120,16 +118,16 @@ def test_stage_end_replaces_weights_by_the_average():
 
 
 @pytest.mark.parametrize("name", ["ppd_sg", "ppd_adagrad"])
-def test_smoke_training_through_trainer_calls(name):
+def test_smoke_training_through_trainer_calls(name, compose_cfg):
     torch.manual_seed(0)
     x = torch.randn(256, 5)
     y = (x[:, 0] + 0.5 * torch.randn(256) > 0.3).long()
     model = torch.nn.Linear(5, 2)
-    objective = instantiate_runtime(OmegaConf.load(CONFIGS / "objective" / f"{name}.yaml"),
-                                    pos_ratio=y.float().mean().item(), num_classes=2)
+    cfg = compose_cfg([f"objective={name}", "optimizer.T0=5"])  # the objective picks its optimizer
+    assert list(cfg.scheduler.milestones) == []
+    objective = instantiate_runtime(cfg.objective, pos_ratio=y.float().mean().item(), num_classes=2)
     objective.alpha_samples = 64
-    opt_cfg = OmegaConf.load(CONFIGS / "optimizer" / f"{name}.yaml")
-    opt_cfg.T0 = 5
+    opt_cfg = cfg.optimizer
     optimizer = instantiate(opt_cfg, _partial_=True)(params=[{"params": list(model.parameters())}]
                             + objective.extra_param_groups())
     resets = 0

@@ -7,8 +7,6 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-pytest.importorskip("data", reason="data/ (build_data) not available")
-pytest.importorskip("models.mlp", reason="models/mlp.py not available")
 
 import eval as ev  # noqa: E402
 import metrics  # noqa: E402

@@ -2,7 +2,7 @@
 
 Closed form: the pairwise LP's optimum is ``z_ij = max(0, eps - d_ij)`` and the loss
 ``1 - mean clip(d_ij / eps, 0, 1)``; HiGHS confirms the LP; as eps -> 0 the loss tends to
-``1 - AUC`` (sklearn / metrics.py).  Tests that need ``solver.solve_lp`` skip until it exists.
+``1 - AUC`` (sklearn / metrics.py)..
 """
 from __future__ import annotations
 
@@ -30,11 +30,6 @@ def _float64_default():
 COST = [[0.0, 1.0, 3.0], [2.0, 0.0, 1.0], [1.0, 4.0, 0.0]]
 
 
-def solver_or_skip():
-    try:
-        from solver import solve_lp  # noqa: F401
-    except ImportError:
-        pytest.skip("solver.solve_lp is not available")
 
 
 def batch(seed: int, n: int = 48, k: int = 2, scale: float = 2.0):
@@ -145,14 +140,12 @@ def _check_against_closed_form(make, logits, labels, atol=1e-6):
 @pytest.mark.parametrize("seed", range(3))
 @pytest.mark.parametrize("eps", [0.1, 0.01])
 def test_auc_lp_matches_closed_form(seed, eps):
-    solver_or_skip()
     logits, labels = batch(seed, n=64)
     _check_against_closed_form(lambda **kw: AUCLoss(epsilon=eps, **kw), logits, labels)
 
 
 @pytest.mark.parametrize("seed", range(2))
 def test_multiclass_lps_match_closed_form(seed):
-    solver_or_skip()
     logits, labels = batch(seed, n=48, k=3)
     _check_against_closed_form(lambda **kw: AUCOneVsAllLoss(3, epsilon=0.05, **kw), logits, labels)
     _check_against_closed_form(lambda **kw: AUCMuLoss(3, cost_matrix=COST, epsilon=0.05, **kw),
@@ -161,7 +154,6 @@ def test_multiclass_lps_match_closed_form(seed):
 
 def test_auc_lp_float32_batch_4096():
     """4.2 M pairs through the diagonal operator (no dense matrix)."""
-    solver_or_skip()
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(4096, 2, generator=g, dtype=torch.float32)
     labels = torch.arange(4096) % 2
@@ -171,7 +163,6 @@ def test_auc_lp_float32_batch_4096():
 
 
 def test_auc_lp_trains_a_linear_scorer():
-    solver_or_skip()
     torch.manual_seed(0)
     x = torch.randn(256, 5)
     y = (x[:, 0] + 0.5 * x[:, 1] + 0.3 * torch.randn(256) > 0.6).long()
@@ -195,7 +186,6 @@ def test_auc_lp_trains_a_linear_scorer():
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", range(20))
 def test_auc_family_lp_matches_closed_form_many_seeds(seed):
-    solver_or_skip()
     eps = [0.1, 0.01, 0.001][seed % 3]
     logits, labels = batch(1000 + seed, n=96)
     _check_against_closed_form(lambda **kw: AUCLoss(epsilon=eps, **kw), logits, labels)
@@ -206,7 +196,6 @@ def test_auc_family_lp_matches_closed_form_many_seeds(seed):
 
 
 def test_gradcheck_through_the_solver():
-    solver_or_skip()
     logits, labels = batch(7, n=12)
     logits3, labels3 = batch(8, n=12, k=3)
     torch.autograd.gradcheck(lambda x: AUCLoss(epsilon=0.3)(x, labels),

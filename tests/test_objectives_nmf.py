@@ -39,10 +39,6 @@ def test_small_noise_keeps_the_anchors():
 
 
 def test_solver_recovers_planted_anchors_with_gradient():
-    try:
-        from solver import solve_lp  # noqa: F401
-    except ImportError:
-        pytest.skip("solver.solve_lp is not available")
     V, anchors = planted(1)
     V = V.clone().requires_grad_(True)
     out = NMFLayer(rank=3)(V)

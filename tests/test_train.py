@@ -84,7 +84,6 @@ def test_hydra_multirun_runs_both_jobs(tmp_path):
 
 
 def test_wandb_logger_offline(compose_cfg, tmp_path, monkeypatch):
-    pytest.importorskip("wandb")
     monkeypatch.delenv("WANDB_MODE", raising=False)
     monkeypatch.setenv("WANDB_SILENT", "true")
     cfg = compose_cfg([*SHORT, "trainer.max_steps=10", "logger=wandb", "logger.mode=offline"])
