@@ -216,15 +216,12 @@ class AUCBlackboxLoss(AUCLoss):
         return BlackboxLP(A, b, lam=self.lam / float(w.max()), method=self.highs_method)
 
     def forward(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        out = self.pairs(logits, labels)
-        if out is None:
-            self.record(degenerate_batches=1.0)
+        pairs = self.batch_pairs(logits, labels)
+        if pairs is None:
             return zero_loss(logits)
-        d, w, degenerate = out if len(out) == 3 else (*out, False)
+        d, w = pairs
         c, A, b = auc_cost_lp(d, self.epsilon)
-        u = self.cost_layer(A, b, w)(c)
-        self.record(degenerate_batches=float(degenerate), lp_pairs=float(d.numel()))
-        return (w * u).sum()
+        return (w * self.cost_layer(A, b, w)(c)).sum()
 
     def extra_repr(self) -> str:
         return f"epsilon={self.epsilon}, lam={self.lam}"

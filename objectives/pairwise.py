@@ -82,14 +82,23 @@ class PairwiseRampLP(Objective):
         batch has no pair to rank; may also return a third item, ``degenerate: bool``."""
         raise NotImplementedError
 
-    def forward(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    def batch_pairs(self, logits: torch.Tensor, labels: torch.Tensor):
+        """``(d, w)`` of the batch, or ``None`` when it has nothing to rank; records the
+        degenerate-batch count and the number of pairs."""
         out = self.pairs(logits, labels)
         if out is None:
             self.record(degenerate_batches=1.0)
-            return zero_loss(logits)
+            return None
         d, w, degenerate = out if len(out) == 3 else (*out, False)
-        z = self.solve_pairs(d)
         self.record(degenerate_batches=float(degenerate), lp_pairs=float(d.numel()))
+        return d, w
+
+    def forward(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        pairs = self.batch_pairs(logits, labels)
+        if pairs is None:
+            return zero_loss(logits)
+        d, w = pairs
+        z = self.solve_pairs(d)
         counted = torch.relu(self.epsilon - z) / self.epsilon
         return 1.0 - (w * counted).sum()
 
