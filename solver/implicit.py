@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import torch
 
+from solver.operators import DiagonalOperator
+
 
 class _SolveK(torch.autograd.Function):
     """``x = K^+ r`` with ``K`` symmetric and treated as a constant."""
@@ -39,10 +41,30 @@ class _SolveK(torch.autograd.Function):
 def active_set_output(prob, z_star, system):
     """``z*`` carrying the implicit (active-set) Jacobian w.r.t. ``A, b, A_eq, b_eq``."""
     z_star = z_star.detach()
+    if (system.method == "diagonal" and system.pinv and type(prob.A) is DiagonalOperator
+            and prob.A_eq is None and not prob.A.d.requires_grad):
+        # A = diag(a) constant: F = a w_A (a z - b) + w_z z, so -K_T^+ dF/db = a w_A K_T^+
+        # is a constant diagonal and the implicit Jacobian is dz*/db = diag(a w_A K_T^+):
+        # one product node instead of the graph of F and the solve
+        if not prob.b.requires_grad:
+            return z_star
+        with torch.no_grad():
+            if system._factor is None:
+                system.solve(torch.zeros_like(z_star))
+            g = prob.A.d * system.wA * system._factor
+        return z_star + g * (prob.b - prob.b.detach())
     F = prob.normal_residual(z_star, system.wA, system.wz)
     if not F.requires_grad:
         return z_star
-    y = -_SolveK.apply(F, system)
+    if system.method == "diagonal" and system.pinv:
+        # diagonal K_T^+: the solve is an elementwise product with a constant, which autograd
+        # differentiates natively (same Jacobian as _SolveK, without a Python Function node)
+        with torch.no_grad():
+            if system._factor is None:
+                system.solve(F.detach())
+        y = -(F * system._factor)
+    else:
+        y = -_SolveK.apply(F, system)
     return z_star + (y - y.detach())
 
 

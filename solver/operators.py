@@ -92,10 +92,21 @@ class DenseOperator(LinearOperator):
         self.shape = (A.shape[-2], A.shape[-1])
         self.batch_size = A.shape[0] if A.dim() == 3 else None
 
+    # an unbatched A is applied as one matrix product ``x A^T`` (one GEMM for any leading
+    # shape of x); a batched one as one bmm -- the generic broadcast ``A @ x[..., None]``
+    # costs several extra expand/view dispatches per call, which dominate small LPs
     def matvec(self, x):
+        if self.A.dim() == 2:
+            return x @ self.A.mT
+        if x.dim() == 2 and x.shape[0] == self.A.shape[0]:
+            return torch.bmm(self.A, x.unsqueeze(-1)).squeeze(-1)
         return (self.A @ x.unsqueeze(-1)).squeeze(-1)
 
     def rmatvec(self, y):
+        if self.A.dim() == 2:
+            return y @ self.A
+        if y.dim() == 2 and y.shape[0] == self.A.shape[0]:
+            return torch.bmm(y.unsqueeze(-2), self.A).squeeze(-2)
         return (self.A.transpose(-1, -2) @ y.unsqueeze(-1)).squeeze(-1)
 
     def gram_diag(self, w):

@@ -42,6 +42,7 @@ class LPProblem:
         self.m = self.b.shape[1]
         self.p = 0 if self.b_eq is None else self.b_eq.shape[1]
         cmax = self.c.detach().abs().amax(-1)
+        self.c_norm = cmax               # |c|_inf (detached; the KKT measures' scale)
         self.c_scale = torch.where(cmax > 0, cmax, torch.ones_like(cmax))
         self.c_hat = self.c / self.c_scale.unsqueeze(-1)
         hmax = self.b.detach().abs().amax(-1) if self.m else torch.zeros_like(cmax)
@@ -143,7 +144,8 @@ def build_problem(c, A, b, A_eq=None, b_eq=None, *, compute_dtype=None) -> LPPro
         shapes = [c.shape[:-1], b.shape[:-1], batA, batE]
         if b_eq is not None:
             shapes.append(b_eq.shape[:-1])
-        batch_shape = torch.broadcast_shapes(*shapes)
+        batch_shape = shapes[0] if all(sh == shapes[0] for sh in shapes) else \
+            torch.broadcast_shapes(*shapes)
     except RuntimeError as err:
         raise LPInputError(f"batch dimensions do not broadcast: c {tuple(c.shape)}, "
                            f"b {tuple(b.shape)}, A batch {tuple(batA)}, A_eq batch "
@@ -161,11 +163,16 @@ def build_problem(c, A, b, A_eq=None, b_eq=None, *, compute_dtype=None) -> LPPro
         if t.device != c.device:
             raise LPInputError(f"mixed devices ({c.device} and {t.device}); move all LP data "
                                f"to one device.")
-    for name, t in (("c", c), ("b", b), ("b_eq", b_eq)):
-        if t is not None:
-            _check_finite(name, t)
+    named = [(name, t) for name, t in (("c", c), ("b", b), ("b_eq", b_eq)) if t is not None]
     for name, M in (("A", Aop), ("A_eq", Eop)):
         for t in ([M] if isinstance(M, torch.Tensor) else (M.tensors() if M else [])):
+            named.append((name, t))
+    # one host sync for all the data: a sum is finite iff no entry is NaN/Inf (barring
+    # overflow, which only sends us to the exact per-tensor check that names the culprit)
+    with torch.no_grad():
+        sums = torch.stack([t.sum(dtype=torch.float64) for _, t in named]).tolist()
+    if not all(math.isfinite(v) for v in sums):
+        for name, t in named:
             _check_finite(name, t)
 
     def vec(t):

@@ -49,7 +49,11 @@ class Recovery:
 
     @property
     def kkt(self):
-        return _kkt((self.primal_inf, self.dual_res, self.gap))
+        cached = self.__dict__.get("_kkt_value")
+        if cached is None:      # fields are not modified after construction
+            cached = self.__dict__["_kkt_value"] = _kkt((self.primal_inf, self.dual_res,
+                                                         self.gap))
+        return cached
 
 
 @torch.no_grad()
@@ -65,8 +69,8 @@ def multipliers(prob, zp, eps):
 @torch.no_grad()
 def kkt_measures(prob, z, uA, uz, uE):
     rA, rE = prob.residuals(z)
-    inf = torch.maximum(rA.clamp_min(0).amax(-1) if prob.m else torch.zeros_like(z[:, 0]),
-                        (-z).clamp_min(0).amax(-1))
+    # max(0, max_i rA_i, max_j -z_j) and max(0, max_i -uA_i, max_j -uz_j) in one reduction each
+    inf = torch.cat([rA, -z], -1).amax(-1).clamp_min(0) + 0.0    # + 0.0: no -0.0 in stats
     if rE is not None:
         inf = torch.maximum(inf, rE.abs().amax(-1))
     primal_inf = inf / prob.h_scale
@@ -75,9 +79,8 @@ def kkt_measures(prob, z, uA, uz, uE):
     if uE is not None:
         stat = stat + prob.A_eq.rmatvec(uE)
         dual_obj = dual_obj - (prob.b_eq * uE).sum(-1)
-    c_norm = prob.c.abs().amax(-1)
-    neg = torch.maximum((-uA).clamp_min(0).amax(-1) if prob.m else torch.zeros_like(c_norm),
-                        (-uz).clamp_min(0).amax(-1))
+    c_norm = prob.c_norm
+    neg = torch.cat([uA, uz], -1).amin(-1).neg().clamp_min(0) + 0.0
     dual_res = torch.maximum(stat.abs().amax(-1), neg) / (1 + c_norm)
     value = (prob.c * z).sum(-1)
     # scale the gap by the size of the terms that cancel in it
@@ -154,8 +157,7 @@ def recover(prob, zp, eps, *, method, active_tol=1.0, cg_tol=1e-12, cg_max_iter=
     satisfied ones are dropped and the vertex re-solved, kept only if the KKT residual drops.
     """
     zp = zp.detach()
-    _, _, uA, uz, uE = multipliers(prob, zp, eps)
-    rA, _ = prob.residuals(zp)
+    rA, _, uA, uz, uE = multipliers(prob, zp, eps)
     umax = torch.maximum(uA.amax(-1) if prob.m else torch.zeros_like(eps), uz.amax(-1))
     kappa = (active_tol * eps * (umax / prob.c_scale).clamp_min(1.0)).unsqueeze(-1)
     wA = (rA > -kappa).to(zp.dtype)
@@ -175,7 +177,7 @@ def recover(prob, zp, eps, *, method, active_tol=1.0, cg_tol=1e-12, cg_max_iter=
         thr = (1e-3 * size).unsqueeze(-1)
         wA2 = torch.where(bad.unsqueeze(-1), wA * (rA >= -thr), wA)
         wz2 = torch.where(bad.unsqueeze(-1), wz * (z <= thr), wz)
-        if bool((wA2 == wA).all()) and bool((wz2 == wz).all()):
+        if torch.equal(wA2, wA) and torch.equal(wz2, wz):
             break
         z2, system2 = _solve_active(prob, zp, wA2, wz2, method, cg_tol, cg_max_iter)
         cert2 = _certify(prob, z2, system2, (uA, uz, uE), accept_tol, method)
@@ -194,7 +196,7 @@ def recover(prob, zp, eps, *, method, active_tol=1.0, cg_tol=1e-12, cg_max_iter=
     thr = (torch.finfo(z.dtype).eps ** 0.5 * prob.h_scale).unsqueeze(-1)
     rA, _ = prob.residuals(z)
     wA2, wz2 = wA * (rA >= -thr), wz * (z <= thr)
-    if mixed or not bool((wA2 == wA).all()) or not bool((wz2 == wz).all()):
+    if mixed or not torch.equal(wA2, wA) or not torch.equal(wz2, wz):
         wA, wz = wA2, wz2
         system = NewtonSystem(prob, wA, wz, torch.zeros_like(eps), method, pinv=True,
                               cg_tol=cg_tol, cg_max_iter=cg_max_iter)

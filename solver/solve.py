@@ -102,7 +102,8 @@ def run_eps_loop(prob, z, eps, opts, method, extra_steps=0):
                       accept_tol=opts.tol)
         ok = todo & (rec.kkt <= opts.tol) & ~info["diverged"]
         acc = _merge(acc, rec, todo)
-        zp_acc = torch.where(todo.unsqueeze(-1), z, zp_acc)
+        # (every LP is still to do at the first stage)
+        zp_acc = z if stage == 0 else torch.where(todo.unsqueeze(-1), z, zp_acc)
         done = done | ok
         last_todo = todo
         if bool((done | diverged).all()) or stage == opts.max_eps_steps:
@@ -120,7 +121,7 @@ def run_eps_loop(prob, z, eps, opts, method, extra_steps=0):
         zp_acc = z
     # the backward needs K_T of the accepted active sets: reuse the last factorisation when
     # every LP was updated at the last stage, else rebuild (factorised lazily)
-    if not bool(last_todo.all()):
+    if stage > 0 and not bool(last_todo.all()):
         acc.system = NewtonSystem(prob, acc.wA, acc.wz, torch.zeros_like(eps), method,
                                   pinv=True, cg_tol=opts.cg_tol,
                                   cg_max_iter=4 * opts.cg_max_iter)
@@ -135,16 +136,31 @@ def _stats(prob, run, method, seconds):
            "kkt_residual": rec.kkt, "primal_infeasibility": rec.primal_inf,
            "dual_residual": rec.dual_res, "duality_gap": rec.gap, "active_count": active,
            "eps": run["eps"], "eps_steps": run["eps_steps"]}
-    per = {k: prob.unflatten(v.detach()) for k, v in per.items()}
-    stats = {"iterations": int(run["iterations"].max()),
-             "converged": bool(run["done"].all()),
-             "kkt_residual": float(rec.kkt.max()),
-             "primal_infeasibility": float(rec.primal_inf.max()),
-             "dual_residual": float(rec.dual_res.max()),
-             "duality_gap": float(rec.gap.max()),
-             "active_count": float(active.float().mean()),
-             "eps": float(run["eps"].min()),
-             "eps_steps": int(run["eps_steps"].max()),
+    per = {k: prob.unflatten(v.detach() if v.requires_grad else v) for k, v in per.items()}
+    # one host transfer for all the scalars (float64 holds every value exactly)
+    with torch.no_grad():
+        f64 = torch.float64
+        if prob.B == 1:   # worst case over one LP = its value; cat promotes to a common dtype
+            vals = torch.cat([run["iterations"], run["done"], per["kkt_residual"].reshape(1),
+                              rec.primal_inf,
+                              rec.dual_res, rec.gap, active.float(), run["eps"],
+                              run["eps_steps"]]).tolist()
+        else:
+            vals = torch.stack([run["iterations"].max().to(f64), run["done"].all().to(f64),
+                                per["kkt_residual"].max().to(f64),
+                                rec.primal_inf.max().to(f64), rec.dual_res.max().to(f64),
+                                rec.gap.max().to(f64), active.float().mean().to(f64),
+                                run["eps"].min().to(f64),
+                                run["eps_steps"].max().to(f64)]).tolist()
+    stats = {"iterations": int(vals[0]),
+             "converged": bool(vals[1]),
+             "kkt_residual": vals[2],
+             "primal_infeasibility": vals[3],
+             "dual_residual": vals[4],
+             "duality_gap": vals[5],
+             "active_count": vals[6],
+             "eps": vals[7],
+             "eps_steps": int(vals[8]),
              "linear_solver": method,
              "cg_iterations": int(run["cg_iterations"]),
              "batch_size": prob.B,
