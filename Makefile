@@ -6,9 +6,10 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test test-all install clean
 
-$(STAMP): requirements.txt
+$(STAMP): requirements.txt requirements-nodeps.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q --no-deps -r requirements-nodeps.txt
 	touch $(STAMP)
 
 install: $(STAMP)
