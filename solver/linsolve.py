@@ -166,8 +166,8 @@ class NewtonSystem:
         if self._factor is None:
             d = self.diagonal()
             tiny = 1e3 * torch.finfo(d.dtype).eps * d.detach().abs().amax(-1, keepdim=True)
-            self._factor = torch.where(d > tiny, 1.0 / torch.where(d > tiny, d, tiny),
-                                       torch.zeros_like(d))
+            big = d > tiny
+            self._factor = torch.where(big, 1.0 / torch.where(big, d, tiny), 0.0)
         return r * self._factor
 
     def _solve_cholesky(self, r):

@@ -124,9 +124,9 @@ def _certify(prob, z, system, pen_u, accept_tol, method):
     best = [*u, *kkt_measures(prob, z, *u)]
     best_kkt = _kkt(best[3:6])
     candidates = [lambda: pen_u]
-    P = (pen_u[0] > 0).to(z.dtype), (pen_u[1] > 0).to(z.dtype)
     candidates.append(lambda: _least_norm_dual(prob, NewtonSystem(
-        prob, P[0], P[1], torch.zeros_like(prob.c_scale), method, pinv=True,
+        prob, (pen_u[0] > 0).to(z.dtype), (pen_u[1] > 0).to(z.dtype),
+        torch.zeros_like(prob.c_scale), method, pinv=True,
         cg_tol=system.cg_tol, cg_max_iter=system.cg_max_iter)))
     for make in candidates:
         if bool((best_kkt <= accept_tol).all()):
