@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 
@@ -90,3 +91,16 @@ def test_wandb_logger_offline(compose_cfg, tmp_path, monkeypatch):
     train.train(cfg, tmp_path)
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and any(runs[0].glob("*.wandb"))
+
+
+OBJECTIVES = sorted(p.stem for p in (ROOT / "configs" / "objective").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("name", OBJECTIVES)
+def test_every_objective_trains_through_train_py_on_digits(compose_cfg, tmp_path, name):
+    task = "multiclass" if name.startswith(("auc_mu", "auc_ova")) else "binary"
+    cfg = compose_cfg([f"objective={name}", "dataset=digits", f"dataset.task={task}",
+                       "trainer.max_steps=6", "trainer.eval_every=6", "trainer.batch_size=32",
+                       "device=cpu"])
+    results = train.train(cfg, tmp_path)
+    assert results["final"]["step"] == 6 and math.isfinite(results["final"]["train_loss"])
