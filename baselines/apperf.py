@@ -57,6 +57,6 @@ class APPerfF1(Objective):
     def forward(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         margin = logits[:, 1] - logits[:, 0]
         # the package's ADMM runs in float64 numpy on the CPU; it returns a tensor like its input
-        loss = self.layer(margin.cpu(), labels.float().cpu()).to(logits.device)
+        loss = self.layer(margin.cpu(), labels.float().cpu()).to(logits.device).reshape(())
         self.record(apperf_objective=loss.item())
         return loss
