@@ -16,6 +16,10 @@ package's positive special case (all-negative prediction and labels scores 1).
 Deviations / choices:
 * The score handed to ``MetricLayer`` is the logit margin :math:`l_1 - l_0` of the shared 2-way
   head (the package expects one real score per sample).
+* The package's marginal projection can divide by zero on some minibatches (seen on CIFAR-10 at
+  step 12 with lr 0.1: ``ZeroDivisionError`` inside ``ap_perf.projection.obj_rho``). Such a batch
+  gets the documented defined value -- zero loss with zero gradient -- and is counted in the
+  ``apperf_failed_batches`` diagnostic of metrics.csv, instead of ending the run.
 * ``ap-perf`` 0.1.1 is installed with ``--no-deps`` (requirements-nodeps.txt) so that it cannot
   pull another torch; its own dependencies (numpy, scipy, torch, numba) are pinned in
   requirements.txt.
@@ -57,6 +61,10 @@ class APPerfF1(Objective):
     def forward(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         margin = logits[:, 1] - logits[:, 0]
         # the package's ADMM runs in float64 numpy on the CPU; it returns a tensor like its input
-        loss = self.layer(margin.cpu(), labels.float().cpu()).to(logits.device).reshape(())
-        self.record(apperf_objective=loss.item())
+        try:
+            loss = self.layer(margin.cpu(), labels.float().cpu()).to(logits.device).reshape(())
+        except ZeroDivisionError:
+            self.record(apperf_failed_batches=1.0)
+            return logits.sum() * 0.0
+        self.record(apperf_objective=loss.item(), apperf_failed_batches=0.0)
         return loss

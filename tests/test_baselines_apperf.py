@@ -39,3 +39,17 @@ def test_training_improves_f1_of_a_linear_model():
         loss.backward()
         optimizer.step()
     assert f1_now() > max(start, 0.7)
+
+
+def test_a_failing_projection_gives_a_counted_zero_loss(monkeypatch):
+    objective = APPerfF1()
+
+    def broken(*args):
+        raise ZeroDivisionError("division by zero")
+
+    monkeypatch.setattr(objective.layer, "forward", broken)
+    logits = torch.randn(8, 2, requires_grad=True)
+    loss = objective(logits, torch.tensor([0, 1] * 4))
+    loss.backward()
+    assert loss.item() == 0.0 and torch.count_nonzero(logits.grad) == 0
+    assert objective.pop_stats()["apperf_failed_batches"] == 1.0
