@@ -42,3 +42,12 @@ def compose_cfg():
 
     yield _compose
     GlobalHydra.instance().clear()
+
+
+@pytest.fixture
+def float64_default():
+    """Make float64 the default dtype for one test (oracle tests), then restore it."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(previous)

@@ -18,13 +18,7 @@ from objectives.auc_mu import AUCMuLoss
 from objectives.auc_ova import AUCOneVsAllLoss
 
 
-@pytest.fixture(autouse=True)
-def _float64_default():
-    """These oracle tests build tensors in float64; restore the default for other modules."""
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(previous)
+pytestmark = pytest.mark.usefixtures("float64_default")  # oracle tests run in float64
 
 
 COST = [[0.0, 1.0, 3.0], [2.0, 0.0, 1.0], [1.0, 4.0, 0.0]]

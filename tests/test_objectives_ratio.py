@@ -16,13 +16,7 @@ from objectives.fractional import box_bounds
 from objectives.ratio import F1LPLoss, FBetaLPLoss, JaccardLPLoss, PrecisionAtRecallLPLoss
 
 
-@pytest.fixture(autouse=True)
-def _float64_default():
-    """These oracle tests build tensors in float64; restore the default for other modules."""
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(previous)
+pytestmark = pytest.mark.usefixtures("float64_default")  # oracle tests run in float64
 
 
 
