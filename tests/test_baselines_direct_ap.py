@@ -14,6 +14,7 @@ from baselines.direct_ap import (DirectAP, ap_loss_of_ranking, loss_augmented_ra
                                  ranking_signs)
 from builders import instantiate_runtime
 from tests.test_configs import CONFIGS
+from tests.helpers import trainer_step
 
 
 def brute_force(pos, neg, epsilon, sign, orders=False):
@@ -136,11 +137,6 @@ def test_smoke_training_improves_ap():
     start = full_ap()
     for step in range(60):
         idx = torch.randint(0, 512, (64,))
-        loss = objective(model(x[idx]), y[idx])
-        assert torch.isfinite(loss)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        objective.on_step_end(step=step, model=model, optimizer=optimizer, batch=(x[idx], y[idx]))
+        trainer_step(model, objective, optimizer, x[idx], y[idx], step)
     assert full_ap() > max(start, 0.9)
     assert "direct_ap_loss" in objective.pop_stats()

@@ -9,6 +9,7 @@ from hydra.utils import instantiate
 from baselines.ppd import SquareAUCMinMax, square_auc_minmax
 from baselines.ppd_optim import PPDSG, PPDAdaGrad
 from builders import instantiate_runtime
+from tests.helpers import trainer_step
 
 
 def batch(seed: int, n: int = 40, pos_frac: float = 0.7):
@@ -133,12 +134,7 @@ def test_smoke_training_through_trainer_calls(name, compose_cfg):
     resets = 0
     for step in range(20):  # stages end after 5 and 20 steps
         idx = torch.randint(0, 256, (32,))
-        loss = objective(model(x[idx]), y[idx])
-        assert torch.isfinite(loss)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        objective.on_step_end(step=step, model=model, optimizer=optimizer, batch=(x[idx], y[idx]))
+        trainer_step(model, objective, optimizer, x[idx], y[idx], step)
         resets += optimizer.stage_ended
     assert resets == 2
     with torch.no_grad():

@@ -13,6 +13,7 @@ from baselines.surrogate import LearnedSurrogate, SetSurrogate, pretrain_univers
 from baselines.surrogate_targets import TARGETS, one_minus_auc, target_loss
 from builders import instantiate_runtime
 from tests.test_configs import CONFIGS
+from tests.helpers import trainer_step
 
 
 def sklearn_eer(y, s):
@@ -102,12 +103,7 @@ def run_bilevel(objective, x, y, model, steps, lr=1e-2, batch=100):
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
     for step in range(steps):
         idx = torch.randint(0, len(y), (batch,))
-        loss = objective(model(x[idx]), y[idx])
-        assert torch.isfinite(loss)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        objective.on_step_end(step=step, model=model, optimizer=optimizer, batch=(x[idx], y[idx]))
+        trainer_step(model, objective, optimizer, x[idx], y[idx], step)
 
 
 def true_loss(objective, x, y, model):
