@@ -51,6 +51,7 @@ from dataclasses import dataclass
 import torch
 
 SAFEGUARDS = ("drop_redundant", "none")
+SENSES = ("max", "min")
 
 
 @dataclass
@@ -63,10 +64,12 @@ class FractionalLP:
     A_eq: torch.Tensor
     b_eq: torch.Tensor
     n: int
+    sign: torch.Tensor | float = 1.0
 
     def value(self, x: torch.Tensor) -> torch.Tensor:
-        """The ratio at an LP point ``x`` (the negated LP objective)."""
-        return -(self.c * x).sum(-1)
+        """The ratio at an LP point ``x``: ``-sign * c^T x`` (``sign`` +1 for a maximised ratio,
+        -1 for a minimised one; ``[k]`` when ``c`` stacks ``k`` LPs over the same rows)."""
+        return -self.sign * (self.c * x).sum(-1)
 
     def predictions(self, x: torch.Tensor) -> torch.Tensor:
         """The relaxed predictions ``Y_hat = z / t``."""
@@ -80,14 +83,19 @@ def box_bounds(phi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def charnes_cooper_lp(num: torch.Tensor, den: torch.Tensor, den0: float | torch.Tensor,
                       phi: torch.Tensor, *, recall_rows: tuple[torch.Tensor, float] | None = None,
-                      safeguard: str = "drop_redundant") -> FractionalLP:
+                      safeguard: str = "drop_redundant",
+                      senses: tuple[str, ...] = ("max",)) -> FractionalLP:
     """Build the LP of the module docstring for ``max (num^T Y) / (den^T Y + den0)``.
 
     ``recall_rows = (y, alpha)`` adds the constraint ``y^T Y_hat >= alpha * sum(y)``.
     ``phi`` carries the gradient; ``num``, ``den``, ``den0`` depend on the labels only.
+    ``senses`` lists ``"max"`` (the upper bound) and/or ``"min"`` (the lower bound, same rows,
+    negated cost); with two, ``c`` is ``[2, n + 1]``: a batch of two LPs sharing ``A``.
     """
     if safeguard not in SAFEGUARDS:
         raise ValueError(f"safeguard must be one of {SAFEGUARDS}; got {safeguard!r}")
+    if not senses or any(sense not in SENSES for sense in senses):
+        raise ValueError(f"senses must be a non-empty tuple of {SENSES}; got {senses!r}")
     n = phi.shape[0]
     dt, dev = phi.dtype, phi.device
     num, den = num.to(dt), den.to(dt)
@@ -105,7 +113,11 @@ def charnes_cooper_lp(num: torch.Tensor, den: torch.Tensor, den0: float | torch.
         blocks = [torch.cat([eye, -ones], 1),
                   torch.cat([-eye, phi[:, None]], 1),
                   torch.cat([eye, -(1.0 + phi)[:, None]], 1)]
-    c = torch.cat([-num / s, torch.zeros(1, dtype=dt, device=dev)])
+    c_max = torch.cat([-num / s, torch.zeros(1, dtype=dt, device=dev)])
+    sign = torch.tensor([1.0 if sense == "max" else -1.0 for sense in senses], dtype=dt, device=dev)
+    c = sign[:, None] * c_max
+    if len(senses) == 1:
+        c, sign = c[0], sign[0]
     A_eq = torch.cat([den, torch.tensor([den0], dtype=dt, device=dev)])
     if recall_rows is not None:
         y, alpha = recall_rows
@@ -113,4 +125,5 @@ def charnes_cooper_lp(num: torch.Tensor, den: torch.Tensor, den0: float | torch.
         blocks.append(torch.cat([-y, (alpha * y.sum()).reshape(1)])[None, :])
     A = torch.cat(blocks, 0)
     return FractionalLP(c=c, A=A, b=torch.zeros(A.shape[0], dtype=dt, device=dev),
-                        A_eq=A_eq[None, :], b_eq=torch.tensor([s], dtype=dt, device=dev), n=n)
+                        A_eq=A_eq[None, :], b_eq=torch.tensor([s], dtype=dt, device=dev), n=n,
+                        sign=sign)

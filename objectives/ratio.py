@@ -43,18 +43,34 @@ from objectives.base import Objective
 from objectives.common import check_labels, solve, solver_stats, zero_loss
 from objectives.fractional import SAFEGUARDS, box_bounds, charnes_cooper_lp
 
-PHI = ("softmax", "tanh")
+PHI = ("softmax", "tanh", "softmax_st", "sign")
+BOUNDS = {"upper": ("max",), "lower": ("min",), "mid": ("max", "min")}
 PHI_MARGIN = 1e-6  # distance kept from +-1 by the LICQ safeguard
 
 
 def phi_of_logits(logits: torch.Tensor, phi: str = "softmax") -> torch.Tensor:
-    """``phi(f(x)) in (-1, 1)``: ``2 p_1 - 1`` (softmax) or ``tanh(l_1 - l_0)``."""
+    """``phi(f(x)) in [-1, 1]`` from the logit margin ``m = l_1 - l_0``:
+
+    * ``softmax``: ``2 p_1 - 1 = tanh(m / 2)`` (the paper's softmax scores);
+    * ``tanh``: ``tanh(m)``;
+    * ``softmax_st``: ``tanh(m / 2)`` forward, straight-through backward ``d phi / d m = 1/2``
+      (the slope of ``tanh(m / 2)`` at 0), so saturated scores keep their gradient;
+    * ``sign``: ``+1`` if ``m > 0`` else ``-1`` forward (the paper's "phi in {-1, 1}": the LP value is then the metric
+      of the thresholded predictions), the same straight-through backward.
+    """
     if phi not in PHI:
         raise ValueError(f"phi must be one of {PHI}; got {phi!r}")
     if logits.dim() != 2 or logits.shape[1] not in (1, 2):
         raise ValueError(f"ratio objectives are binary: logits [B, 2] (or [B, 1]); got {tuple(logits.shape)}")
     margin = logits[:, 0] if logits.shape[1] == 1 else logits[:, 1] - logits[:, 0]
-    return torch.tanh(margin / 2 if phi == "softmax" else margin)
+    if phi == "tanh":
+        return torch.tanh(margin)
+    soft = torch.tanh(margin / 2)
+    if phi == "softmax":
+        return soft
+    # sign: m > 0 -> +1 else -1, the same tie rule as the argmax prediction (class 0 on a tie)
+    forward = soft if phi == "softmax_st" else torch.where(margin > 0, 1.0, -1.0).to(soft.dtype)
+    return (forward - margin / 2).detach() + margin / 2
 
 
 class RatioLPLoss(Objective):
@@ -62,13 +78,15 @@ class RatioLPLoss(Objective):
 
     def __init__(self, phi: str = "softmax", safeguard: str = "drop_redundant",
                  backward: str = "active_set", positive_class: int = 1,
-                 solver: Mapping[str, Any] | None = None) -> None:
+                 solver: Mapping[str, Any] | None = None, bound: str = "upper") -> None:
         super().__init__()
         if phi not in PHI:
             raise ValueError(f"phi must be one of {PHI}; got {phi!r}")
         if safeguard not in SAFEGUARDS:
             raise ValueError(f"safeguard must be one of {SAFEGUARDS}; got {safeguard!r}")
-        self.phi, self.safeguard, self.backward = phi, safeguard, backward
+        if bound not in BOUNDS:
+            raise ValueError(f"bound must be one of {tuple(BOUNDS)}; got {bound!r}")
+        self.phi, self.safeguard, self.backward, self.bound = phi, safeguard, backward, bound
         self.positive_class = int(positive_class)
         self.solver_options = dict(solver or {})
 
@@ -80,14 +98,16 @@ class RatioLPLoss(Objective):
         return self.ratio(y)
 
     def build_lp(self, phi: torch.Tensor, y: torch.Tensor):
-        return charnes_cooper_lp(phi=phi, safeguard=self.safeguard, **self.ratio_lp(phi, y))
+        return charnes_cooper_lp(phi=phi, safeguard=self.safeguard, senses=BOUNDS[self.bound],
+                                 **self.ratio_lp(phi, y))
 
     def lp_value(self, phi: torch.Tensor, y: torch.Tensor, backward: str | None = None):
-        """The LP optimum (differentiable in ``phi``) and the solver's solution."""
+        """The relaxed metric (differentiable in ``phi``) and the solver's solution: the LP
+        optimum, or for ``bound="mid"`` the mean of the two optima (one batched solve)."""
         lp = self.build_lp(phi, y)
         sol = solve(lp.c, lp.A, lp.b, lp.A_eq, lp.b_eq, backward=backward or self.backward,
                     options=self.solver_options)
-        return lp.value(sol.z), sol
+        return lp.value(sol.z).mean(), sol
 
     def forward(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         labels = check_labels(logits, labels)
@@ -95,7 +115,8 @@ class RatioLPLoss(Objective):
         if self.safeguard != "none":
             # a saturated phi = +-1 pins Y_hat_i (l_i = u_i): two active rows for one variable,
             # a degenerate vertex; keeping phi inside (-1, 1) leaves one row per sample.
-            phi = phi.clamp(-1 + PHI_MARGIN, 1 - PHI_MARGIN)
+            # (straight-through, so the clamp itself never zeroes a gradient)
+            phi = phi + (phi.clamp(-1 + PHI_MARGIN, 1 - PHI_MARGIN) - phi).detach()
         y = (labels == self.positive_class).to(phi.dtype)
         if y.sum() == 0:
             self.record(degenerate_batches=1.0)

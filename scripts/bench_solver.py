@@ -440,15 +440,18 @@ def code_version():
 def machine_info():
     cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo")
                 if ln.startswith("model name")), platform.processor())
-    import cvxpy
-    import cvxpylayers
     import scipy
+    versions = [f"torch {torch.__version__}", f"scipy {scipy.__version__} (HiGHS)"]
+    for name in ("cvxpy", "cvxpylayers"):   # absent on a bare GPU image: those cells then error
+        try:
+            versions.append(f"{name} {__import__(name).__version__}")
+        except ImportError:
+            versions.append(f"{name} not installed")
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "none"
     return {"cpu": cpu, "cores": os.cpu_count(), "code": code_version(), "threads": torch.get_num_threads(),
-            "omp": os.environ.get("OMP_NUM_THREADS", "unset"),
+            "omp": os.environ.get("OMP_NUM_THREADS", "unset"), "gpu": gpu,
             "load": " ".join(f"{x:.1f}" for x in os.getloadavg()),
-            "versions": f"torch {torch.__version__}, scipy {scipy.__version__} (HiGHS), "
-                        f"cvxpy {cvxpy.__version__}, cvxpylayers {cvxpylayers.__version__}, "
-                        f"python {platform.python_version()}"}
+            "versions": ", ".join(versions + [f"python {platform.python_version()}"])}
 
 
 def targets(R, dtype):
@@ -606,8 +609,9 @@ def plot(R, path, meta):
         ax.set(title=title, xlabel=xlabel, ylabel="median time per call, ms (log scale)")
         ax.grid(True, which="major", alpha=0.3)
     handles = {h.get_label(): h for ax in axes for h in ax.get_lines() if h.get_label()[0] != "_"}
-    fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=len(handles),
-               fontsize=9, frameon=False)
+    if handles:  # none when every cell failed
+        fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=len(handles),
+                   fontsize=9, frameon=False)
     fig.suptitle(f"fwd+bwd time (HiGHS: forward only), {meta['device']} {meta['dtype']}, "
                  f"{meta['threads']} thread(s): {meta['cpu']}", fontsize=10)
     fig.tight_layout(rect=(0, 0.06, 1, 1))
