@@ -21,7 +21,7 @@ timeout 60 $PY -m pytest -q -p no:cacheprovider -rs tests/test_solver_batch.py t
 # 2. decode the pack once (the runs below share its cache), then the F1 runs side by side
 $PY -c "from omegaconf import OmegaConf; from data import build_data; import os; \
 c = OmegaConf.load('configs/dataset/catdog.yaml'); c.root = os.environ['DATA_ROOT']; \
-build_data(c, seed=0); print("decoded")" > "$OUT/decode.log" 2>&1 || true
+build_data(c, seed=0); print('decoded')" > "$OUT/decode.log" 2>&1 || true
 run() {  # name, overrides... (each capped so the later checks still run)
     local name=$1; shift
     timeout ${RUN_TIMEOUT:-270} $PY train.py dataset=catdog trainer.max_steps=$STEPS trainer.eval_every=500 \
