@@ -127,6 +127,17 @@ class Timer:
         return out
 
 
+def init_weights(model: torch.nn.Module, path: Path, device: torch.device) -> None:
+    """Start from the model weights of another run's checkpoint (``trainer.init_from``), e.g.
+    fine-tune a cross-entropy run on an LP objective.  Only the weights are taken: optimizer,
+    schedule and step count start afresh."""
+    if not path.is_file():
+        raise FileNotFoundError(f"trainer.init_from={path} does not exist; give a last.pt / best.pt "
+                                "of an earlier run (same dataset.task and model)")
+    state = torch.load(path, map_location=device, weights_only=False)
+    model.load_state_dict(state["model"] if "model" in state else state)
+
+
 def train(cfg: DictConfig, run_dir: Path, choices: dict[str, str] | None = None) -> dict[str, Any]:
     """Run one training job into ``run_dir``; returns the content of ``results.json``.
 
@@ -139,6 +150,8 @@ def train(cfg: DictConfig, run_dir: Path, choices: dict[str, str] | None = None)
     bundle = build_data(cfg.dataset, seed=cfg.seed)
     runtime = runtime_values(bundle)
     model = build_model(cfg, bundle).to(device)
+    if cfg.trainer.get("init_from"):
+        init_weights(model, Path(cfg.trainer.init_from), device)
     objective = instantiate_runtime(cfg.objective, **runtime).to(device)
     param_groups = [{"params": list(model.parameters())}] + objective.extra_param_groups()
     optimizer = instantiate(cfg.optimizer, _partial_=True)(params=param_groups)

@@ -258,7 +258,8 @@ class F1CvxpyLoss(F1LPLoss):
     by cvxpylayers; the paper's CVXPY-SCS baseline of the F1 experiment (seed 002 §5).
 
     Args:
-        phi, safeguard, positive_class: as :class:`objectives.ratio.F1LPLoss`.
+        phi, safeguard, positive_class, bound, margin: as :class:`objectives.ratio.F1LPLoss`
+            (the config keeps the paper's relaxation: ``phi=softmax``, ``bound=upper``, margin 0).
         solver, solver_args, n_jobs, cache_size: as :class:`CvxpyLP`.
 
     Example::
@@ -269,17 +270,21 @@ class F1CvxpyLoss(F1LPLoss):
     def __init__(self, phi: str = "softmax", safeguard: str = "drop_redundant",
                  positive_class: int = 1, solver: str = "SCS",
                  solver_args: Mapping[str, Any] | None = None, n_jobs: int = 1,
-                 cache_size: int = 16) -> None:
-        super().__init__(phi=phi, safeguard=safeguard, positive_class=positive_class)
+                 cache_size: int = 16, bound: str = "upper", margin: float = 0.0) -> None:
+        super().__init__(phi=phi, safeguard=safeguard, positive_class=positive_class,
+                         bound=bound, margin=margin)
         self.layer = CvxpyLP(solver=solver, solver_args=solver_args, n_jobs=n_jobs,
                              cache_size=cache_size)
 
     def lp_value(self, phi: torch.Tensor, y: torch.Tensor, backward: str | None = None):
         """The hook of :class:`objectives.ratio.RatioLPLoss`: same LP, solved by cvxpylayers."""
         lp = self.build_lp(phi, y)
-        sol = self.layer.solve(lp.c, lp.A, lp.b, lp.A_eq, lp.b_eq)
-        self.record(lp_solve_time=sol.stats["solve_time"])
-        return lp.value(sol.z), sol
+        values = []
+        for c, sign in zip(lp.c.reshape(-1, lp.c.shape[-1]), torch.as_tensor(lp.sign).reshape(-1)):
+            sol = self.layer.solve(c, lp.A, lp.b, lp.A_eq, lp.b_eq)   # bound="mid": two solves
+            self.record(lp_solve_time=sol.stats["solve_time"])
+            values.append(-sign * (c * sol.z).sum())
+        return torch.stack(values).mean(), sol
 
     def extra_repr(self) -> str:
         return f"phi={self.phi!r}, safeguard={self.safeguard!r}, {self.layer.extra_repr()}"

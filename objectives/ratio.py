@@ -16,15 +16,48 @@ raises :math:`\phi` of positives with :math:`\phi_i < 0` and lowers :math:`\phi`
 :math:`\phi_i > 0`; with :math:`\phi = \pm 1` the LP value is the metric of the thresholded
 predictions.  :math:`\phi = 2\,\mathrm{softmax}_1 - 1 = \tanh((l_1 - l_0)/2)` by default.
 
-Knobs: ``phi`` (``softmax`` | ``tanh`` of the raw margin), ``safeguard`` (LICQ, see
+Knobs: ``phi`` (score transform, below), ``bound``, ``margin``, ``safeguard`` (LICQ, see
 :mod:`objectives.fractional`), ``backward`` / ``solver`` options; ``beta`` (F-beta), ``alpha`` and
 ``recall_penalty`` (P@R).  A batch without positives has no defined ratio: zero loss,
 ``degenerate_batches`` counts it.
 
-Caveat (the paper's relaxation, not a bug): a positive with :math:`\phi_i` slightly below 0
-still counts :math:`\hat Y_i = 1 + \phi_i \approx 1`, so the relaxed metric can be near its
-maximum while thresholded predictions are not; P@R is the most exposed (precision rises as all
-scores fall), hence its recall penalty.
+**Why the paper's relaxation needs help, and the recipe the configs use.**  The class defaults are
+the paper's LP as written (``phi="softmax"``, ``bound="upper"``, ``margin=0``).  Two facts make it
+a poor training loss on its own:
+
+1. *Its optimum rewards uncertainty.*  At :math:`\phi \equiv 0` (every probability 0.5) every box
+   is :math:`[0, 1]`, :math:`\hat Y = Y` is feasible and the LP value is 1, the best possible
+   (test: ``test_paper_relaxation_is_maximal_at_the_constant_score``).  Maximising an *upper*
+   bound of the metric rewards loose boxes; only misclassified samples get a gradient (a
+   perceptron without margin), so margins stay tiny and eval-mode predictions flip.
+2. *F1's gradient favours positives, and softmax saturates.*  :math:`\partial F_1/\partial\hat Y_i
+   = 2(FP + P)/(S + P)^2` for a positive but :math:`-2\,TP/(S+P)^2` for a negative
+   (:math:`S = \mathbb 1^\top \hat Y`), so for an uninformed network the shared bias drifts up;
+   once :math:`|l_1 - l_0|` is large, :math:`\tanh'` kills the gradient and the network stays at
+   "all positive" (F1 = 2/3 on balanced data, the local optimum the paper reports for CVXPY-SCS
+   and AP-Perf).
+
+Measured on Cat&Dog, ResNet-18, 2,000 steps (``results/f1_catdog/README.md``): the paper's
+relaxation ends all-positive (test accuracy 0.50) at lr 0.1 and 0.01; so do ``bound="mid"``,
+a hard ``phi="sign"`` and ``margin`` without straight-through scores.  What trains is both fixes:
+
+* ``margin`` :math:`\mu`: the boxes are built from :math:`\phi_i - \mu(2Y_i - 1)`, so a sample
+  counts fully only beyond :math:`\pm\mu` on its own side (the role :math:`\epsilon` plays in the
+  AUC LP); the value at :math:`\phi \equiv 0` drops to :math:`2P(1-\mu)/(P(1-\mu) + N\mu + P)`.
+* ``phi="softmax_st"``: :math:`\tanh(m/2)` forward, straight-through backward
+  :math:`\partial\phi/\partial m = 1/2`, so a saturated wrong score keeps its gradient.
+
+``configs/objective/{f1,fbeta,jaccard}_lp.yaml`` use ``phi=softmax_st``, ``margin=0.5``; set
+``objective.phi=softmax objective.margin=0`` for the paper's relaxation.  Other knobs kept for
+study: ``bound="lower"`` (min over the boxes: a certified lower bound of the thresholded metric,
+but no gradient for misclassified samples), ``bound="mid"`` (mean of both, one batched solve),
+``phi="sign"`` (hard scores: the LP value is then exactly the batch metric).
+
+Caveat: a positive with :math:`\phi_i` slightly below its threshold still counts
+:math:`\hat Y_i \approx 1` in the upper bound, so the relaxed metric can be near its maximum while
+thresholded predictions are not; P@R is the most exposed (precision rises as all scores fall),
+hence its recall penalty (its config keeps the paper's relaxation: the recipe above was not
+measured on P@R).
 
 Example::
 
@@ -78,7 +111,8 @@ class RatioLPLoss(Objective):
 
     def __init__(self, phi: str = "softmax", safeguard: str = "drop_redundant",
                  backward: str = "active_set", positive_class: int = 1,
-                 solver: Mapping[str, Any] | None = None, bound: str = "upper") -> None:
+                 solver: Mapping[str, Any] | None = None, bound: str = "upper",
+                 margin: float = 0.0) -> None:
         super().__init__()
         if phi not in PHI:
             raise ValueError(f"phi must be one of {PHI}; got {phi!r}")
@@ -86,7 +120,10 @@ class RatioLPLoss(Objective):
             raise ValueError(f"safeguard must be one of {SAFEGUARDS}; got {safeguard!r}")
         if bound not in BOUNDS:
             raise ValueError(f"bound must be one of {tuple(BOUNDS)}; got {bound!r}")
+        if not 0 <= margin < 1:
+            raise ValueError(f"margin must be in [0, 1) (phi lies in [-1, 1]); got {margin}")
         self.phi, self.safeguard, self.backward, self.bound = phi, safeguard, backward, bound
+        self.margin = float(margin)
         self.positive_class = int(positive_class)
         self.solver_options = dict(solver or {})
 
@@ -111,13 +148,17 @@ class RatioLPLoss(Objective):
 
     def forward(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         labels = check_labels(logits, labels)
+        y = (labels == self.positive_class).to(logits.dtype)
         phi = phi_of_logits(logits, self.phi)
+        if self.margin:
+            # a score counts fully only beyond the margin on its own side: positives need
+            # phi >= margin, negatives phi <= -margin (the role epsilon plays in the AUC LP)
+            phi = phi - self.margin * (2 * y - 1)
         if self.safeguard != "none":
             # a saturated phi = +-1 pins Y_hat_i (l_i = u_i): two active rows for one variable,
             # a degenerate vertex; keeping phi inside (-1, 1) leaves one row per sample.
             # (straight-through, so the clamp itself never zeroes a gradient)
             phi = phi + (phi.clamp(-1 + PHI_MARGIN, 1 - PHI_MARGIN) - phi).detach()
-        y = (labels == self.positive_class).to(phi.dtype)
         if y.sum() == 0:
             self.record(degenerate_batches=1.0)
             return zero_loss(logits)

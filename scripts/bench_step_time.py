@@ -43,10 +43,12 @@ def main() -> None:
     ap.add_argument("--task", default="binary")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--out", default=str(ROOT / "results" / "step_time"))
+    ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="extra config overrides, e.g. dataset.val_size=500")
     args = ap.parse_args()
 
     device = resolve_device(args.device)
-    base = [f"dataset={args.dataset}", f"dataset.neg_keep={args.neg_keep}", f"dataset.task={args.task}"]
+    base = [f"dataset={args.dataset}", f"dataset.neg_keep={args.neg_keep}", f"dataset.task={args.task}"] + args.set
     bundle = build_data(compose_cfg(base).dataset, seed=0)
     runs = {}
     for name in args.objectives:

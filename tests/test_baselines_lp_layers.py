@@ -150,6 +150,18 @@ def test_f1_cvxpy_matches_our_f1_loss_and_highs(seed):
     np.testing.assert_allclose(z.numpy(), res.x, atol=1e-5)   # unique: one active row per sample
 
 
+@pytest.mark.parametrize("knobs", [{"bound": "mid"}, {"bound": "lower"},
+                                   {"phi": "softmax_st", "margin": 0.5}])
+def test_f1_cvxpy_follows_the_relaxation_knobs(knobs):
+    """Same loss and gradient as f1_lp for every bound / margin / phi: only the solver differs."""
+    logits, labels = batch(7, scale=1.0)
+    xs = [logits.clone().requires_grad_() for _ in range(2)]
+    losses = [F1CvxpyLoss(solver_args=TIGHT, **knobs)(xs[0], labels), F1LPLoss(**knobs)(xs[1], labels)]
+    assert losses[0].item() == pytest.approx(losses[1].item(), abs=1e-6)
+    grads = [torch.autograd.grad(loss, x)[0] for loss, x in zip(losses, xs)]
+    assert torch.allclose(grads[0], grads[1], atol=1e-5)
+
+
 def test_cvxpy_layer_caches_by_shape_and_evicts():
     layer = CvxpyLP(cache_size=2)
     for n in (3, 4, 3, 5, 3):

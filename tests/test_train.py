@@ -59,6 +59,21 @@ def test_resume_without_checkpoint_says_what_to_do(compose_cfg, tmp_path):
         train.train(compose_cfg([*SHORT, "resume=true"]), tmp_path)
 
 
+def test_init_from_starts_from_another_runs_weights(compose_cfg, tmp_path):
+    train.train(compose_cfg([*SHORT, "trainer.max_steps=10"]), tmp_path / "ce")
+    ckpt = torch.load(tmp_path / "ce" / "last.pt", weights_only=False)
+    cfg = compose_cfg([*SHORT, "objective=f1_lp", f"trainer.init_from={tmp_path / 'ce' / 'last.pt'}",
+                       "trainer.max_steps=1", "optimizer.lr=0.0"])
+    train.train(cfg, tmp_path / "f1")
+    after = torch.load(tmp_path / "f1" / "last.pt", weights_only=False)
+    for key, value in ckpt["model"].items():   # lr 0: one step leaves the loaded weights
+        if value.is_floating_point() and "running" not in key:
+            assert torch.equal(after["model"][key], value), key
+    assert after["step"] == 1
+    with pytest.raises(FileNotFoundError, match="init_from"):
+        train.train(compose_cfg([*SHORT, "trainer.init_from=/nonexistent/last.pt"]), tmp_path / "x")
+
+
 class ExplodingLoss(Objective):
     """Turns NaN on the first step: the trainer must stop and say where."""
 
