@@ -3,20 +3,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-from pathlib import Path
-
-from omegaconf import OmegaConf
 
 from builders import instantiate_runtime
 from objectives.base import Objective
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 NAMES = ["auc_lp", "auc_mu_lp", "auc_ova_lp", "f1_lp", "fbeta_lp", "jaccard_lp", "prec_at_recall_lp"]
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_objective_config_instantiates(name):
-    cfg = OmegaConf.create({"objective": OmegaConf.load(CONFIGS / "objective" / f"{name}.yaml")})
+def test_objective_config_instantiates(name, compose_cfg):
+    cfg = compose_cfg([f"objective={name}"])   # through Hydra: some configs are _global_ packages
     k = 3 if name in ("auc_mu_lp", "auc_ova_lp") else 2
     obj = instantiate_runtime(cfg.objective, num_classes=k, input_shape=[8], pos_ratio=0.5,
                               class_counts=[10] * k)
