@@ -150,7 +150,7 @@ def train(cfg: DictConfig, run_dir: Path, choices: dict[str, str] | None = None)
     bundle = build_data(cfg.dataset, seed=cfg.seed)
     runtime = runtime_values(bundle)
     model = build_model(cfg, bundle).to(device)
-    if cfg.trainer.get("init_from"):
+    if cfg.trainer.get("init_from") and not cfg.resume:   # a resumed run has its own weights
         init_weights(model, Path(cfg.trainer.init_from), device)
     objective = instantiate_runtime(cfg.objective, **runtime).to(device)
     param_groups = [{"params": list(model.parameters())}] + objective.extra_param_groups()

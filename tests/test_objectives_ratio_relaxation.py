@@ -12,7 +12,6 @@ import torch
 from scipy.optimize import linprog
 from sklearn.metrics import f1_score
 
-from objectives.fractional import box_bounds
 from objectives.ratio import F1LPLoss, FBetaLPLoss, JaccardLPLoss, phi_of_logits
 
 pytestmark = pytest.mark.usefixtures("float64_default")
@@ -39,7 +38,7 @@ def box_optimum(ratio, phi, y, bound):
     """Closed form: the ratio rises with positives' and falls with negatives' predictions, so
     the upper bound takes positives at the top and negatives at the bottom of their boxes and
     the lower bound the opposite."""
-    lo, up = box_bounds(phi)
+    lo, up = phi.clamp(min=0), 1 + phi.clamp(max=0)      # [max(0, phi), min(1, 1 + phi)]
     yh = torch.where(y > 0, up, lo) if bound == "upper" else torch.where(y > 0, lo, up)
     return ratio((y * yh).sum(), yh.sum(), y.sum())
 
@@ -142,6 +141,44 @@ def test_straight_through_loss_gradient_is_the_lp_gradient_times_one_half():
         (g_phi,) = torch.autograd.grad(-value, phi)
         assert torch.allclose(grad[:, 1], g_phi / 2, atol=1e-6)
         assert grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("margin", [0.0, 0.5])
+def test_float32_logits_get_the_float64_gradient(margin):
+    """Confidently wrong scores are clamped to +-(1 - 1e-6), leaving boxes 1e-6 wide; in float32
+    the active-set backward halved their gradient until the LP was solved in float64.  Oracle:
+    the closed form of the box optimum (positives at the top, negatives at the bottom of their
+    boxes), differentiated in float64 with the straight-through slope 1/2."""
+    for seed in range(3):
+        g = torch.Generator().manual_seed(seed)
+        logits = (8 * torch.randn(64, 2, generator=g)).float().requires_grad_()
+        labels = torch.randint(0, 2, (64,), generator=g)
+        labels[:2] = torch.tensor([1, 0])
+        loss = F1LPLoss(phi="softmax_st", margin=margin)(logits, labels)
+        assert loss.dtype == torch.float32
+        (grad,) = torch.autograd.grad(loss, logits)
+        x = logits.detach().double().requires_grad_()
+        y = labels.double()
+        m = x[:, 1] - x[:, 0]
+        phi = (torch.tanh(m / 2) - margin * (2 * y - 1)).clamp(-1 + 1e-6, 1 - 1e-6).detach()
+        phi = phi + m / 2 - (m / 2).detach()                     # straight-through slope 1/2
+        ref = -box_optimum(RATIOS["f1"][1], phi, y, "upper")
+        (ref_grad,) = torch.autograd.grad(ref, x)
+        assert loss.item() == pytest.approx(ref.item(), abs=1e-6)
+        assert torch.allclose(grad.double(), ref_grad, atol=1e-6), (grad - ref_grad).abs().max()
+        assert (ref_grad.abs() > 1e-4).sum() > 10                # clamped samples included
+
+
+def test_margin_without_safeguard_stays_feasible():
+    """phi - margin (2y - 1) can leave [-1, 1]; it is clamped there, so the paper's 3n rows stay
+    feasible and the loss equals the safeguarded one."""
+    g = torch.Generator().manual_seed(0)
+    logits = 8 * torch.randn(40, 2, generator=g)
+    labels = torch.randint(0, 2, (40,), generator=g)
+    labels[:2] = torch.tensor([1, 0])
+    plain = F1LPLoss(safeguard="none", margin=0.5)(logits, labels)
+    safe = F1LPLoss(margin=0.5)(logits, labels)
+    assert plain.item() == pytest.approx(safe.item(), abs=1e-5)
 
 
 def test_sign_scores_give_the_exact_batch_f1():
