@@ -32,7 +32,7 @@ build_data(c, seed=0); print('decoded')" > "$OUT/decode.log" 2>&1 || true
 
 cuda_tests() {
     timeout 60 $PY -m pytest -q -p no:cacheprovider -rs tests/test_solver_batch.py \
-        tests/test_objectives_ratio.py > "$OUT/cuda_tests.log" 2>&1
+        tests/test_objectives_ratio.py tests/test_objectives_ratio_relaxation.py > "$OUT/cuda_tests.log" 2>&1
 }
 
 # The sweeps pin every knob, so they rerun as recorded in results/f1_catdog/ whatever the config

@@ -199,3 +199,20 @@ def test_bad_relaxation_arguments_fail_with_a_hint():
         F1LPLoss(margin=1.0)
     with pytest.raises(ValueError, match="phi"):
         F1LPLoss(phi="hard")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("knobs", [{"bound": "mid"}, {"phi": "softmax_st", "margin": 0.5},
+                                   {"phi": "sign"}])
+def test_cuda_matches_cpu(knobs):
+    """The batched c (bound="mid"), margin and straight-through paths on the GPU."""
+    g = torch.Generator().manual_seed(0)
+    logits = 4 * torch.randn(64, 2, generator=g, dtype=torch.float32)
+    labels = torch.randint(0, 2, (64,), generator=g)
+    out = []
+    for device in ("cpu", "cuda"):
+        x = logits.to(device).requires_grad_()
+        loss = F1LPLoss(**knobs)(x, labels.to(device))
+        out.append((loss.item(), torch.autograd.grad(loss, x)[0].cpu()))
+    assert out[0][0] == pytest.approx(out[1][0], abs=1e-5)
+    assert torch.allclose(out[0][1], out[1][1], atol=1e-5)

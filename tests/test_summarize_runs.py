@@ -1,0 +1,25 @@
+"""scripts/summarize_runs.py: one row per run folder, from the last row of its metrics.csv."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("summarize_runs", ROOT / "scripts" / "summarize_runs.py")
+summarize = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(summarize)
+
+
+def test_rows_from_last_evaluation(tmp_path):
+    for name, rows, done in [("a", ["500,0.6,0.7", "1000,0.8,0.9"], True), ("b", ["500,0.55,0.5"], False)]:
+        run = tmp_path / "sweep" / name
+        run.mkdir(parents=True)
+        (run / "metrics.csv").write_text("step,val_auc,test_f1\n" + "\n".join(rows) + "\n")
+        if done:
+            (run / "results.json").write_text("{}")
+    runs = summarize.run_folders([tmp_path / "sweep"])
+    assert [r.name for r in runs] == ["a", "b"]
+    table = summarize.render(runs, tmp_path)
+    lines = table.splitlines()
+    assert lines[2].startswith("| sweep/a | 1000 | yes | 0.800 |") and "| 0.900 |" in lines[2]
+    assert lines[3].startswith("| sweep/b | 500 | stopped | 0.550 |")
