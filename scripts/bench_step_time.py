@@ -49,7 +49,9 @@ def main() -> None:
 
     device = resolve_device(args.device)
     base = [f"dataset={args.dataset}", f"dataset.neg_keep={args.neg_keep}", f"dataset.task={args.task}"] + args.set
-    bundle = build_data(compose_cfg(base).dataset, seed=0)
+    # the data are built once, under the default objective: only dataset.* overrides matter there
+    data_only = [o for o in base if o.lstrip("+~").startswith("dataset")]
+    bundle = build_data(compose_cfg(data_only).dataset, seed=0)
     runs = {}
     for name in args.objectives:
         cfg = compose_cfg(base + [f"objective={name}"])
