@@ -279,13 +279,14 @@ class F1CvxpyLoss(F1LPLoss):
     def lp_value(self, phi: torch.Tensor, y: torch.Tensor, backward: str | None = None):
         """The hook of :class:`objectives.ratio.RatioLPLoss`: same LP, solved by cvxpylayers."""
         lp = self.build_lp(phi, y)
-        values, solve_time = [], 0.0
-        for c, sign in zip(lp.c.reshape(-1, lp.c.shape[-1]), torch.as_tensor(lp.sign).reshape(-1)):
-            sol = self.layer.solve(c, lp.A, lp.b, lp.A_eq, lp.b_eq)   # bound="mid": two solves
-            values.append(-sign * (c * sol.z).sum())
-            solve_time = solve_time + sol.stats["solve_time"]
-        self.record(lp_solve_time=solve_time)    # per step (both LPs for bound="mid")
-        return torch.stack(values).mean(), sol  # stats of the last LP
+        zs, solve_time = [], 0.0
+        for c in lp.c.reshape(-1, lp.c.shape[-1]):      # bound="mid" stacks two costs: two solves
+            sol = self.layer.solve(c, lp.A, lp.b, lp.A_eq, lp.b_eq)
+            zs.append(sol.z)
+            solve_time += sol.stats["solve_time"]
+        self.record(lp_solve_time=solve_time)           # per step (both LPs for bound="mid")
+        z = torch.stack(zs).reshape(lp.c.shape)
+        return lp.value(z).mean(), sol                  # stats of the last LP
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, {self.layer.extra_repr()}"

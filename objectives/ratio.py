@@ -40,9 +40,9 @@ a poor training loss on its own:
 Measured on Cat&Dog, ResNet-18, 2,000 steps (``results/f1_catdog/README.md``): the paper's
 relaxation ends all-positive (test accuracy 0.50) at lr 0.1 and 0.01; so do ``bound="mid"``
 and ``margin`` without straight-through scores, and a hard ``phi="sign"`` ends at chance;
-straight-through scores without a margin reach 0.61 at lr 0.01 (0.50 at lr 0.1).  What trains is both fixes
-(test F1 0.797 / 0.827, accuracy 0.782 / 0.815 for seeds 0 / 1 at lr 0.01; cross-entropy
-0.760, 0.778):
+straight-through scores without a margin reach 0.61 at lr 0.01 (0.50 at lr 0.1).  What trains
+is both fixes (test F1 0.797 / 0.827, accuracy 0.782 / 0.815 for seeds 0 / 1 at lr 0.01;
+cross-entropy 0.760, 0.778):
 
 * ``margin`` :math:`\mu`: the boxes are built from :math:`\phi_i - \mu(2Y_i - 1)`, so a sample
   counts fully only beyond :math:`\pm\mu` on its own side (the role :math:`\epsilon` plays in the
@@ -52,10 +52,11 @@ straight-through scores without a margin reach 0.61 at lr 0.01 (0.50 at lr 0.1).
 
 ``configs/objective/{f1,fbeta,jaccard}_lp.yaml`` use ``phi=softmax_st``, ``margin=0.5`` and
 ``optimizer.lr=0.01`` (at 0.1, in a float32 run: test accuracy 0.666 after 2,000 steps); set
-``objective.phi=softmax objective.margin=0 optimizer.lr=0.1`` for the paper's relaxation.  Other knobs kept for
-study: ``bound="lower"`` (min over the boxes: a certified lower bound of the thresholded metric,
-but no gradient for misclassified samples), ``bound="mid"`` (mean of both, one batched solve),
-``phi="sign"`` (hard scores: the LP value is then exactly the batch metric).
+``objective.phi=softmax objective.margin=0 optimizer.lr=0.1`` for the paper's relaxation.
+Other knobs kept for study: ``bound="lower"`` (min over the boxes: a certified lower bound of
+the thresholded metric, but no gradient for misclassified samples), ``bound="mid"`` (mean of
+both, one batched solve), ``phi="sign"`` (hard scores: the LP value is then exactly the batch
+metric).
 
 Caveat: a positive with :math:`\phi_i` slightly below its threshold still counts
 :math:`\hat Y_i \approx 1` in the upper bound, so the relaxed metric can be near its maximum while
@@ -92,8 +93,9 @@ def phi_of_logits(logits: torch.Tensor, phi: str = "softmax") -> torch.Tensor:
     * ``tanh``: ``tanh(m)``;
     * ``softmax_st``: ``tanh(m / 2)`` forward, straight-through backward ``d phi / d m = 1/2``
       (the slope of ``tanh(m / 2)`` at 0), so saturated scores keep their gradient;
-    * ``sign``: ``+1`` if ``m > 0`` else ``-1`` forward (the paper's "phi in {-1, 1}": the LP value is then the metric
-      of the thresholded predictions), the same straight-through backward.
+    * ``sign``: ``+1`` if ``m > 0`` else ``-1`` forward (the paper's "phi in {-1, 1}": the LP
+      value is then the metric of the thresholded predictions), the same straight-through
+      backward.
     """
     if phi not in PHI:
         raise ValueError(f"phi must be one of {PHI}; got {phi!r}")

@@ -51,7 +51,7 @@ def main() -> None:
     runs = run_folders(args.folders)
     if not runs:
         raise SystemExit(f"no metrics.csv under {[str(p) for p in args.folders]}")
-    print(render(runs, args.root.resolve() if args.root else Path.cwd()))
+    print(render(runs, args.root.resolve()))
 
 
 if __name__ == "__main__":
