@@ -6,6 +6,7 @@ config declares, so no caller branches on which component it builds.
 """
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import numpy as np
@@ -43,15 +44,35 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+BN_MODES = ("eval", "train")
+
+
 @torch.no_grad()
 def predict(model: nn.Module, dataset: Dataset, *, batch_size: int = 512,
-            device: torch.device | str = "cpu") -> tuple[np.ndarray, np.ndarray]:
-    """Logits ``[N, K]`` and labels ``[N]`` of a whole dataset, model in eval mode."""
+            device: torch.device | str = "cpu", bn_mode: str = "eval") -> tuple[np.ndarray, np.ndarray]:
+    """Logits ``[N, K]`` and labels ``[N]`` of a whole dataset, in split order.
+
+    ``bn_mode="eval"`` (default): the model in ``eval()``, BatchNorm uses its running statistics.
+    ``bn_mode="train"``: BatchNorm layers normalise each evaluation batch by its own statistics,
+    as the authors' public code evaluates (it never calls ``model.eval()``); the result then
+    depends on ``batch_size`` and the split's order. A copy of the model runs, so the running
+    statistics of ``model`` are left untouched.
+    """
+    if bn_mode not in BN_MODES:
+        raise ValueError(f"bn_mode must be one of {BN_MODES}, got {bn_mode!r} "
+                         "(trainer.eval_bn / eval.py --bn-mode)")
+    net = model
+    if bn_mode == "train":
+        net = copy.deepcopy(model).eval()
+        for m in net.modules():
+            if isinstance(m, nn.modules.batchnorm._BatchNorm):
+                m.train()
     was_training = model.training
-    model.eval()
+    if net is model:
+        model.eval()
     logits, labels = [], []
     for x, y in DataLoader(dataset, batch_size=batch_size, shuffle=False):
-        logits.append(model(x.to(device)).float().cpu())
+        logits.append(net(x.to(device)).float().cpu())
         labels.append(y)
     model.train(was_training)
     return torch.cat(logits).numpy(), torch.cat(labels).numpy()

@@ -12,6 +12,10 @@ Writes into the run folder (or ``--out``):
   as in the paper's figure 2), and ``roc_<split>.npz`` (``fpr_<name>``, ``tpr_<name>`` arrays) so
   scripts can overlay several runs.
 
+``--bn-mode train`` evaluates with BatchNorm on each evaluation batch's own statistics, as the
+authors' public code does (it never switches to ``eval()``); outputs then carry a ``_bntrain``
+suffix (``eval_test_bntrain.json``) so both readings can sit in one run folder.
+
 The model and data are rebuilt from the checkpoint's resolved config (``RUN_DIR/.hydra/config.yaml``
 when the checkpoint has none) with the same builders as ``train.py``. Checkpoints are unpickled
 with ``weights_only=False``: evaluate only runs you trust.
@@ -96,7 +100,7 @@ def plot_roc(fpr: np.ndarray, tpr: np.ndarray, path: Path, title: str) -> None:
 
 def evaluate_run(run_dir: str | Path | None, checkpoint: str | Path | None = None,
                  split: str = "test", out_dir: str | Path | None = None,
-                 device: str = "auto") -> dict:
+                 device: str = "auto", bn_mode: str = "eval") -> dict:
     """Evaluate ``checkpoint`` (default ``run_dir/last.pt``) on ``split``; returns the JSON record."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
@@ -111,21 +115,24 @@ def evaluate_run(run_dir: str | Path | None, checkpoint: str | Path | None = Non
     model = build_model(cfg, bundle)
     model.load_state_dict(ckpt["model"])
     batch_size = OmegaConf.select(cfg, "trainer.eval_batch_size", default=512)
-    logits, labels = predict(model.to(dev), getattr(bundle, split), batch_size=batch_size, device=dev)
+    logits, labels = predict(model.to(dev), getattr(bundle, split), batch_size=batch_size, device=dev,
+                             bn_mode=bn_mode)
 
     record = {"metrics": evaluate(labels, logits, bundle.task), "split": split, "task": bundle.task,
+              "bn_mode": bn_mode, "batch_size": int(batch_size),
               "checkpoint": str(ckpt_path), "step": ckpt.get("step"), "num_samples": int(len(labels))}
     if bundle.task == "multiclass":
         record["auc_ova_per_class"] = auc_ova_per_class(labels, roc_scores(logits, "multiclass"))
 
     out = Path(out_dir) if out_dir is not None else (run_dir or ckpt_path.parent)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"eval_{split}.json").write_text(json.dumps(record, indent=2) + "\n")
+    tag = split if bn_mode == "eval" else f"{split}_bntrain"
+    (out / f"eval_{tag}.json").write_text(json.dumps(record, indent=2) + "\n")
     curves = roc_curves(labels, logits, bundle.task)
-    np.savez(out / f"roc_{split}.npz", **{f"{a}_{name}": arr for name, (fpr, tpr) in curves.items()
+    np.savez(out / f"roc_{tag}.npz", **{f"{a}_{name}": arr for name, (fpr, tpr) in curves.items()
                                           for a, arr in (("fpr", fpr), ("tpr", tpr))})
     for name, (fpr, tpr) in curves.items():
-        stem = f"roc_{split}" if bundle.task == "binary" else f"roc_{split}_{name}"
+        stem = f"roc_{tag}" if bundle.task == "binary" else f"roc_{tag}_{name}"
         title = f"{bundle.name} {split}" + ("" if bundle.task == "binary" else f": {name} vs rest")
         plot_roc(fpr, tpr, out / f"{stem}.png", title)
     return record
@@ -138,10 +145,14 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--split", choices=SPLITS, default="test")
     parser.add_argument("--out", help="output folder (default: the run folder)")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
+    parser.add_argument("--bn-mode", choices=("eval", "train"), default="eval",
+                        help="train: BatchNorm uses each eval batch's statistics, as the authors' "
+                             "code evaluates (outputs get a _bntrain suffix)")
     args = parser.parse_args(argv)
     if args.run_dir is None and args.checkpoint is None:
         parser.error("give RUN_DIR or --checkpoint PATH")
-    record = evaluate_run(args.run_dir, args.checkpoint, args.split, args.out, args.device)
+    record = evaluate_run(args.run_dir, args.checkpoint, args.split, args.out, args.device,
+                          args.bn_mode)
     print(json.dumps(record["metrics"], indent=2))
     return record
 

@@ -61,7 +61,7 @@ def batch_stream(dataset, batch_size: int, seed: int, start_step: int = 0):
 
 def evaluate(model, bundle, split: str, cfg: DictConfig, device) -> dict[str, float]:
     logits, labels = predict(model, getattr(bundle, split), batch_size=cfg.trainer.eval_batch_size,
-                             device=device)
+                             device=device, bn_mode=cfg.trainer.get("eval_bn", "eval"))
     return metrics.evaluate(labels, logits, bundle.task)
 
 

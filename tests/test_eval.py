@@ -124,3 +124,41 @@ def test_missing_checkpoint_is_actionable(tmp_path):
         ev.evaluate_run(tmp_path, device="cpu")
     with pytest.raises(ValueError, match="split"):
         ev.evaluate_run(tmp_path, split="train")
+
+
+def test_predict_bn_train_mode_uses_batch_statistics_and_leaves_model_untouched():
+    """bn_mode="train" (the authors' evaluation) equals normalising each eval batch by its own
+    mean/var (a hand-written BatchNorm), and changes neither the running stats nor the mode."""
+    from torch.utils.data import TensorDataset
+
+    from builders import predict
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 2))
+    net.train()
+    for _ in range(3):  # give the running statistics values far from any batch's
+        net(torch.randn(32, 5) * 3 + 2)
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    x, y = torch.randn(40, 5), torch.randint(0, 2, (40,))
+    ds = TensorDataset(x, y)
+    out_eval, _ = predict(net, ds, batch_size=16)
+    out_train, labels = predict(net, ds, batch_size=16, bn_mode="train")
+    assert net.training and all(torch.equal(v, net.state_dict()[k]) for k, v in before.items())
+    lin1, bn, lin2 = net
+    expected = []
+    for xb in x.split(16):
+        h = lin1(xb)
+        h = (h - h.mean(0)) / torch.sqrt(h.var(0, unbiased=False) + bn.eps) * bn.weight + bn.bias
+        expected.append(lin2(h))
+    np.testing.assert_allclose(out_train, torch.cat(expected).detach().numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(labels, y.numpy())
+    assert np.abs(out_eval - out_train).max() > 0.1    # the two modes really differ here
+    with pytest.raises(ValueError, match="bn_mode must be one of"):
+        predict(net, ds, bn_mode="batch")
+
+
+def test_cli_bn_mode_train_writes_suffixed_record(runs, tmp_path):
+    run = runs["binary"][0]
+    record = ev.main([str(run), "--bn-mode", "train", "--out", str(tmp_path)])
+    assert record["bn_mode"] == "train" and (tmp_path / "eval_test_bntrain.json").is_file()
+    assert (tmp_path / "roc_test_bntrain.png").is_file() and not (tmp_path / "eval_test.json").exists()
