@@ -1,102 +1,347 @@
-"""Regenerate the paper's tables from run folders (reads only results.json).
+"""Regenerate the paper's tables from run folders (reads each run's results.json).
 
-    python scripts/make_tables.py multirun/2026-11-25/10-00-00 [more folders] --table binary
-    python scripts/make_tables.py outputs --table multiclass --out results/tables/table2.md
+    python scripts/make_tables.py multirun/<date>/<time> [more folders] --table binary
+    python scripts/make_tables.py outputs --table multiclass --lr-rule global --out results/tables/table2.md
+    python scripts/make_tables.py outputs --table f1 --format csv > f1.csv
+    python scripts/make_tables.py outputs --table eps --format latex
 
-Rows: objective; columns: dataset x imbalance level; cells: test metric in % at the final step
-(mean ± std over seeds where several seeds ran). The paper's numbers are printed beside ours.
+Tables: binary (test_auc, seed 002 Table 1), multiclass / multiclass_mu (test_auc_ova /
+test_auc_mu, Table 2), f1 / accuracy (test_f1 / test_acc, seed 002 §5, seed 001 Table 4):
+rows are objectives, columns dataset x imbalance level (neg_keep, or drop_rate for the 3-group
+task). eps (test_auc, seed 001 Table 2): rows objective x dataset x neg_keep, columns
+objective.epsilon. The paper's number (scripts/paper_numbers.py) is printed beside ours.
+
+Rules
+1. A cell is the set of runs whose resolved configs agree on every key except ``seed`` and the
+   keys in IGNORED (paths, logging, devices: none of them defines a protocol), and whose final
+   evaluation is at the same step (a key missing from an older run's config counts as null). It
+   reports the test metric in % at that step: mean ± sample std over its runs (the seeds), and
+   n. Runs of different length never share a cell.
+2. Rows are objectives (the Hydra choice). Runs of one objective that differ in another key are
+   separate rows named by the differing values, e.g. "auc_lp (objective.epsilon=0.1)".
+   dataset.* and model.* keys may differ between columns (each dataset brings its own val size,
+   source and model) but split rows within a column.
+3. Learning rate, ``--lr-rule`` (the paper tunes it in {0.1, 0.01, 0.001} and says it used "the
+   same random seed, learning rate and total number of iterations in all of our experiments"):
+   per-cell (default): each (dataset, level, row) reports the lr with the best mean val metric;
+   global: one lr for the whole table, the best mean over cells of the cell's val mean, counting
+   only the cells every lr ran (all cells if none did); none: lr is an ordinary key (own rows).
+   The val metric is the val_ version of the table's metric at the reported step; ties go to more
+   seeds, then to the smaller lr. per-cell is the default: it is well defined for any set of runs
+   and tunes every method alike, while global compares lrs fairly only when every lr ran in the
+   same cells (use it on a full sweep for the paper's one-lr protocol). The caption (one lr) or
+   each cell names the lr used.
+4. Everything found but not placed (no results.json, another task, metric missing, lr not
+   selected) is listed on stderr; if nothing can be placed the script exits with status 1.
 """
 from __future__ import annotations
 
 import argparse
+import csv
+import io
 import json
+import re
 import statistics
+import sys
 from collections import defaultdict
+from dataclasses import dataclass, field
 from pathlib import Path
 
-# Facts from Meng et al. 2021 (seed 002, Tables 1 and 2), test AUC in %.
-PAPER = {
-    "binary": {  # (dataset, neg_keep) -> {objective: AUC %}
-        **{("catdog", k): v for k, v in zip((0.1, 0.2, 0.4, 1.0), [
-            {"ce": 67.6, "ppd_sg": 79.1, "ppd_adagrad": 77.3, "auc_lp": 78.6},
-            {"ce": 74.6, "ppd_sg": 81.5, "ppd_adagrad": 80.6, "auc_lp": 81.3},
-            {"ce": 85.1, "ppd_sg": 85.5, "ppd_adagrad": 83.7, "auc_lp": 85.6},
-            {"ce": 87.4, "ppd_sg": 87.1, "ppd_adagrad": 86.3, "auc_lp": 87.8}])},
-        **{("cifar10", k): v for k, v in zip((0.1, 0.2, 0.4, 1.0), [
-            {"ce": 65.2, "ppd_sg": 69.8, "ppd_adagrad": 69.7, "auc_lp": 72.5},
-            {"ce": 73.3, "ppd_sg": 73.9, "ppd_adagrad": 74.1, "auc_lp": 74.4},
-            {"ce": 78.1, "ppd_sg": 79.1, "ppd_adagrad": 78.4, "auc_lp": 78.3},
-            {"ce": 83.7, "ppd_sg": 82.6, "ppd_adagrad": 83.1, "auc_lp": 82.7}])},
-        **{("cifar100", k): v for k, v in zip((0.1, 0.2, 0.4, 1.0), [
-            {"ce": 57.8, "ppd_sg": 56.5, "ppd_adagrad": 56.2, "auc_lp": 58.2},
-            {"ce": 58.4, "ppd_sg": 58.9, "ppd_adagrad": 59.0, "auc_lp": 60.5},
-            {"ce": 62.2, "ppd_sg": 61.6, "ppd_adagrad": 62.6, "auc_lp": 64.5},
-            {"ce": 66.3, "ppd_sg": 65.2, "ppd_adagrad": 67.6, "auc_lp": 69.0}])},
-        **{("stl10", k): v for k, v in zip((0.1, 0.2, 0.4, 1.0), [
-            {"ce": 63.5, "ppd_sg": 70.7, "ppd_adagrad": 68.5, "auc_lp": 68.4},
-            {"ce": 67.1, "ppd_sg": 71.6, "ppd_adagrad": 72.4, "auc_lp": 71.1},
-            {"ce": 72.7, "ppd_sg": 75.1, "ppd_adagrad": 76.7, "auc_lp": 76.7},
-            {"ce": 80.8, "ppd_sg": 77.4, "ppd_adagrad": 78.5, "auc_lp": 81.6}])},
-    },
-    "multiclass": {  # (dataset, drop_rate) -> {objective: AUC^ova %}
-        **{("cifar100", d): v for d, v in zip((0.9, 0.8, 0.6, 0.0), [
-            {"ce": 54.3, "auc_ova_lp": 58.4}, {"ce": 59.4, "auc_ova_lp": 59.2},
-            {"ce": 62.7, "auc_ova_lp": 64.1}, {"ce": 63.5, "auc_ova_lp": 65.7}])},
-        **{("stl10", d): v for d, v in zip((0.9, 0.8, 0.6, 0.0), [
-            {"ce": 66.9, "auc_ova_lp": 72.9}, {"ce": 68.0, "auc_ova_lp": 72.5},
-            {"ce": 74.8, "auc_ova_lp": 75.7}, {"ce": 81.0, "auc_ova_lp": 82.7}])},
-    },
-}
-TABLES = {  # table -> (metric key in results.json, imbalance config key)
-    "binary": ("test_auc", "neg_keep"),
-    "multiclass": ("test_auc_ova", "drop_rate"),
-    "multiclass_mu": ("test_auc_mu", "drop_rate"),
-    "f1": ("test_f1", "neg_keep"),
+from paper_numbers import PAPER
+
+IGNORED = (  # config keys (and their sub-keys) that never define a protocol
+    "seed",                     # the cell's sample axis: pooled, never split on
+    "device", "resume",         # where it ran, whether it was continued: same computation
+    "logger", "hydra",          # csv or wandb, Hydra's own settings
+    "dataset.root", "dataset.cache_dir", "dataset.download",   # where the data files live
+    "trainer.eval_batch_size", "trainer.num_workers", "trainer.log_every",  # speed, progress bar
+    "trainer.eval_every",       # when val/test are measured; the last eval is at max_steps anyway
+)
+COLUMN_PREFIXES = ("dataset.", "model.")  # may differ between columns, not inside one
+LR_KEY = "optimizer.lr"
+TEX = {"\\": "\\textbackslash{}", "_": "\\_", "%": "\\%", "&": "\\&", "#": "\\#", "{": "\\{", "}": "\\}",
+       "$": "\\$", "±": "$\\pm$", "·": "$\\cdot$"}
+
+
+@dataclass(frozen=True)
+class Table:
+    metric: str               # results.json "final" key without its test_/val_ prefix
+    task: str                 # dataset.task the table is about
+    level: str                # imbalance key under dataset.
+    pivot: str | None = None  # a config key that becomes the columns (the eps ablation)
+
+
+TABLES = {
+    "binary": Table("auc", "binary", "neg_keep"),
+    "multiclass": Table("auc_ova", "multiclass", "drop_rate"),
+    "multiclass_mu": Table("auc_mu", "multiclass", "drop_rate"),
+    "f1": Table("f1", "binary", "neg_keep"),
+    "accuracy": Table("acc", "binary", "neg_keep"),
+    "eps": Table("auc", "binary", "neg_keep", pivot="objective.epsilon"),
 }
 
 
-def collect(folders: list[Path], table: str) -> dict:
-    metric, level_key = TABLES[table]
-    cells: dict = defaultdict(list)
-    for path in sorted(p for folder in folders for p in folder.rglob("results.json")):
-        res = json.loads(path.read_text())
-        cfg = res["config"]
-        if metric not in res["final"]:
+@dataclass
+class Run:
+    path: Path
+    name: str                 # objective choice
+    where: tuple              # (dataset, level) or (dataset, level, pivot value)
+    lr: float | None
+    seed: object
+    test: float               # %
+    val: float | None         # %
+    key: dict                 # protocol: config minus IGNORED and `where` keys (and lr unless rule none)
+    label: str = ""
+
+
+@dataclass
+class Cell:
+    where: tuple
+    label: str
+    name: str
+    lr: float | None
+    runs: list = field(repr=False)
+
+    def stat(self, attr: str = "test") -> tuple[float, float | None]:
+        xs = [getattr(r, attr) for r in self.runs]
+        return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else None)
+
+    @property
+    def step(self):
+        return self.runs[0].key.get("step")
+
+
+def flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:  # lists -> JSON text: hashable and printable
+            out[prefix + k] = json.dumps(v) if isinstance(v, list) else v
+    return out
+
+
+def load(folders: list[Path], table: Table, lr_rule: str, log) -> list[Run]:
+    """Runs of the table's task that carry its metric; everything else is reported through log."""
+    found = {p.resolve(): p for f in folders for p in sorted(f.rglob("results.json"))}
+    done = {p.parent for p in found}
+    unfinished = sorted({p.parent for f in folders for p in f.rglob("metrics.csv")
+                         if p.parent.resolve() not in done})
+    log(f"found {len(found)} results.json under {', '.join(map(str, folders))}")
+    skipped: dict[str, list] = defaultdict(list)
+    skipped["no results.json (unfinished or still running)"] = unfinished
+    test_key, val_key = f"test_{table.metric}", f"val_{table.metric}"
+    where_keys = ["dataset.name", f"dataset.{table.level}"] + ([table.pivot] if table.pivot else [])
+    runs = []
+    for path in found.values():
+        try:
+            res = json.loads(path.read_text())
+            cfg, final = flatten(res["config"]), dict(res["final"])
+        except (ValueError, KeyError, TypeError) as err:
+            skipped[f"unreadable (need 'config' and 'final': {type(err).__name__})"].append(path)
             continue
-        name = res.get("choices", {}).get("objective") or cfg["objective"]["_target_"].rsplit(".", 1)[-1]
-        key = (cfg["dataset"]["name"], float(cfg["dataset"][level_key]), name)
-        cells[key].append(100 * res["final"][metric])
-    return cells
+        task = cfg.get("dataset.task", "binary")
+        if task != table.task:
+            skipped[f"task={task}, this table is task={table.task}"].append(path)
+        elif final.get(test_key) is None:
+            skipped[f"no {test_key} in final"].append(path)
+        elif lr_rule != "none" and final.get(val_key) is None:
+            skipped[f"no {val_key} in final (needed to pick the lr; or use --lr-rule none)"].append(path)
+        elif any(k not in cfg for k in where_keys):
+            skipped[f"config lacks one of {', '.join(where_keys)}"].append(path)
+        else:
+            where = (cfg["dataset.name"], *(float(cfg[k]) for k in where_keys[1:]))
+            skip = set(where_keys) | ({LR_KEY} if lr_rule != "none" else set())
+            key = {k: v for k, v in cfg.items() if k not in skip
+                   and not any(k == i or k.startswith(i + ".") for i in IGNORED)} | {"step": final.get("step")}
+            name = res.get("choices", {}).get("objective") or str(cfg.get("objective._target_")).split(".")[-1]
+            val = None if final.get(val_key) is None else 100 * final[val_key]
+            runs.append(Run(path, name, where, cfg.get(LR_KEY), cfg.get("seed"), 100 * final[test_key], val, key))
+    for reason, bad in skipped.items():
+        if bad:
+            where = ", ".join(str(p.parent if p.name == "results.json" else p) for p in bad)
+            log(f"not placed, {reason}: {len(bad)} run(s): {where}")
+    return runs
 
 
-def render(cells: dict, table: str) -> str:
-    columns = sorted({(d, lvl) for d, lvl, _ in cells}, key=lambda c: (c[0], -c[1]))
-    rows = sorted({o for _, _, o in cells})
-    head = "| objective | " + " | ".join(f"{d} {lvl:g}" for d, lvl in columns) + " |"
-    out = [head, "|---|" + "---:|" * len(columns)]
-    for obj in rows:
-        vals = []
-        for d, lvl in columns:
-            xs = cells.get((d, lvl, obj), [])
-            cell = "-" if not xs else f"{statistics.fmean(xs):.1f}" + (
-                f" ± {statistics.stdev(xs):.1f}" if len(xs) > 1 else "")
-            ref = PAPER.get(table, {}).get((d, lvl), {}).get(obj)
-            vals.append(cell + (f" (paper {ref})" if ref is not None else ""))
-        out.append(f"| {obj} | " + " | ".join(vals) + " |")
-    return "\n".join(out)
+def label_rows(runs: list[Run], log) -> None:
+    """Name each run's row: its objective plus the keys on which that objective's runs differ."""
+    by_name: dict[str, list[Run]] = defaultdict(list)
+    for r in runs:
+        by_name[r.name].append(r)
+    for name, group in by_name.items():
+        columns: dict[tuple, list[Run]] = defaultdict(list)
+        for r in group:
+            columns[r.where].append(r)
+
+        def varies(k, rs):
+            return len({r.key.get(k) for r in rs}) > 1
+        split = sorted(k for k in set().union(*(r.key for r in group))
+                       if (any(varies(k, rs) for rs in columns.values()) if k.startswith(COLUMN_PREFIXES)
+                           else varies(k, group)))
+        if {"step", "trainer.max_steps"} <= set(split) and all(r.key["step"] == r.key["trainer.max_steps"]
+                                                               for r in group):
+            split.remove("step")  # implied by max_steps
+        if split:
+            log(f"{name}: runs differ in {', '.join(split)}: one row per value")
+        for r in group:
+            r.label = name + (" (" + ", ".join(f"{k}={r.key.get(k)}" for k in split) + ")" if split else "")
 
 
-def main() -> None:
+def where_text(where: tuple) -> str:
+    return " ".join([where[0]] + [f"{x:g}" for x in where[1:]])
+
+
+def _lr_order(lr):
+    return -1.0 if lr is None else -lr  # max() prefers this on ties: the smaller lr
+
+
+def select(runs: list[Run], rule: str, val_name: str, log) -> tuple[list[Cell], str]:
+    """Pool runs into cells, keep one lr per (where, row) by the rule; returns cells and a caption line."""
+    options: dict[tuple, dict] = defaultdict(lambda: defaultdict(list))
+    for r in runs:
+        options[(r.where, r.label)][r.lr].append(r)
+
+    def val_mean(rs):
+        return statistics.fmean(r.val for r in rs)
+    if rule == "global":
+        lrs = sorted({lr for o in options.values() for lr in o}, key=_lr_order)
+        shared = [o for o in options.values() if len(o) == len(lrs)]
+        basis = shared or list(options.values())
+        means = {lr: statistics.fmean(val_mean(o[lr]) for o in basis if lr in o) for lr in lrs}
+        best = max(lrs, key=lambda lr: (means[lr], _lr_order(lr)))
+        chosen = {k: best for k, o in options.items() if best in o}
+        how = f"the {len(basis)} cells every lr ran" if shared else "each lr's own cells (no cell ran every lr)"
+        if not shared and len(lrs) > 1:
+            log("warning: --lr-rule global compares lrs on different cells (no cell ran every lr); "
+                "per-cell or none compares like with like")
+        caption = (f"lr {best:g} for the whole table (--lr-rule global: best mean {val_name} over {how}: "
+                   + ", ".join(f"lr {lr:g} {m:.2f}" for lr, m in means.items()) + ")")
+        empty = [f"{k[1]} @ {where_text(k[0])}" for k in options if k not in chosen]
+        if empty:
+            log(f"not placed, no run at the selected lr {best:g}: cells {', '.join(empty)}")
+    else:
+        chosen = {k: max(o, key=lambda lr: (val_mean(o[lr]), len(o[lr]), _lr_order(lr)))
+                  if len(o) > 1 else next(iter(o)) for k, o in options.items()}
+        lrs = set(chosen.values())
+        caption = (f"lr {lrs.pop():g}" if len(lrs) == 1 else "lr named in each cell or row") + (
+            f" (--lr-rule per-cell: best mean {val_name} per cell)" if rule == "per-cell"
+            else " (--lr-rule none: lr is part of the protocol)")
+    cells = [Cell(k[0], k[1], options[k][lr][0].name, lr, options[k][lr]) for k, lr in chosen.items()]
+    dropped = [str(r.path.parent) for k, lr in chosen.items()
+               for other, rs in options[k].items() if other != lr for r in rs]
+    if dropped:
+        log(f"not selected, other lr: {len(dropped)} run(s): {', '.join(dropped)}")
+    for c in cells:
+        seeds = [r.seed for r in c.runs]
+        if len(set(map(str, seeds))) < len(seeds):
+            log(f"warning: {c.label} @ {where_text(c.where)} has repeated seeds {seeds}; n counts runs")
+    return cells, caption
+
+
+def paper(table: str, where: tuple, name: str) -> float | None:
+    return PAPER.get(table, {}).get(where, {}).get(name)
+
+
+def grid(cells: list[Cell], table: str) -> tuple[list[str], list[tuple[str, list[str]]], list[str]]:
+    """Header, rows of (label, cell texts) and caption notes, shared by Markdown and LaTeX."""
+    spec = TABLES[table]
+    order = {n: i for i, n in enumerate(dict.fromkeys(o for v in PAPER.get(table, {}).values() for o in v))}
+
+    def place(c: Cell):  # -> ((row sort key, row label), column)
+        rank = (order.get(c.name, len(order)), c.label)
+        if spec.pivot:
+            return (rank + c.where[:2], f"{c.label} · {c.where[0]} {c.where[1]:g}"), c.where[2]
+        return (rank, c.label), c.where
+    placed = {place(c): c for c in cells}
+    rows = sorted({r for r, _ in placed})
+    flip = -1 if spec.level == "drop_rate" else 1  # the paper's order: most imbalanced first
+    cols = sorted({col for _, col in placed}, key=lambda col: -col if spec.pivot else (col[0], flip * col[1]))
+    lrs, steps = {c.lr for c in cells}, {c.step for c in cells}
+    out = []
+    for row in rows:
+        name = next(c.name for (r, _), c in placed.items() if r == row)
+        texts = []
+        for col in cols:
+            c, text = placed.get((row, col)), "-"
+            if c:
+                mean, std = c.stat()
+                lr_shown = len(lrs) > 1 and f"{LR_KEY}=" not in c.label
+                notes = [f"n={len(c.runs)}"] + [f"lr={c.lr:g}"] * lr_shown + [f"step {c.step}"] * (len(steps) > 1)
+                text = f"{mean:.1f}" + (f" ± {std:.1f}" if std is not None else "") + f" ({', '.join(notes)})"
+            ref = paper(table, (*row[0][2:], col) if spec.pivot else col, name)
+            texts.append(text + (f" [paper {ref:.1f}]" if ref is not None else ""))
+        out.append((row[1], texts))
+    head = [f"eps={col:g}" for col in cols] if spec.pivot else [f"{d} {lvl:g}" for d, lvl in cols]
+    what = f"{spec.pivot}; rows: objective · dataset {spec.level}" if spec.pivot else f"dataset {spec.level}"
+    notes = [f"Test {spec.metric} in % at the final evaluation, mean ± sample std over seeds (n runs); "
+             f"[paper x] = Meng et al. 2021. Columns: {what}.",
+             f"Step {steps.pop()}." if len(steps) == 1 else "Steps differ: each cell names its step."]
+    return head, out, notes
+
+
+def to_csv(cells: list[Cell], table: str) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["dataset", "level", "objective", "selected_lr", "n_seeds", "mean", "std", "paper", "step", "val_mean"]
+               + ["epsilon"] * bool(TABLES[table].pivot))
+    for c in sorted(cells, key=lambda c: (c.where, c.label)):
+        mean, std = c.stat()
+        val = c.stat("val")[0] if all(r.val is not None for r in c.runs) else None
+        ref = paper(table, c.where, c.name)
+        w.writerow([c.where[0], f"{c.where[1]:g}", c.label, "" if c.lr is None else f"{c.lr:g}", len(c.runs),
+                    f"{mean:.4f}", "" if std is None else f"{std:.4f}", "" if ref is None else ref, c.step,
+                    "" if val is None else f"{val:.4f}", *(f"{x:g}" for x in c.where[2:])])
+    return buf.getvalue().rstrip("\n")
+
+
+def render(cells: list[Cell], table: str, fmt: str, lr_caption: str) -> str:
+    if fmt == "csv":
+        return to_csv(cells, table)
+    head, rows, notes = grid(cells, table)
+    notes.append(lr_caption + ".")
+    if fmt == "markdown":
+        return "\n".join(notes + ["", "| objective | " + " | ".join(head) + " |", "|---|" + "---:|" * len(head)]
+                         + [f"| {label} | " + " | ".join(texts) + " |" for label, texts in rows])
+
+    def tex(s: str) -> str:  # the table needs \usepackage{booktabs}
+        return re.sub(r"[\\_%&#{}$±·]", lambda m: TEX[m.group()], s)
+    lines = ["\\begin{table}", "\\caption{" + tex(" ".join(notes)) + "}",
+             "\\begin{tabular}{l" + "r" * len(head) + "}", "\\toprule",
+             " & ".join(["objective"] + [tex(h) for h in head]) + " \\\\", "\\midrule"]
+    lines += [" & ".join([tex(label)] + [tex(t) for t in texts]) + " \\\\" for label, texts in rows]
+    return "\n".join(lines + ["\\bottomrule", "\\end{tabular}", "\\end{table}"])
+
+
+def main(argv: list[str] | None = None) -> str:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("folders", nargs="+", type=Path)
-    ap.add_argument("--table", choices=sorted(TABLES), default="binary")
-    ap.add_argument("--out", type=Path)
-    args = ap.parse_args()
-    text = render(collect(args.folders, args.table), args.table)
+    ap.add_argument("folders", nargs="+", type=Path, help="run folders or folders of run folders")
+    ap.add_argument("--table", choices=list(TABLES), default="binary")
+    ap.add_argument("--lr-rule", choices=["per-cell", "global", "none"], default="per-cell")
+    ap.add_argument("--format", choices=["markdown", "csv", "latex"], default="markdown")
+    ap.add_argument("--out", type=Path, help="also write the table to this file")
+    args = ap.parse_args(argv)
+
+    def log(msg: str) -> None:
+        print(f"make_tables: {msg}", file=sys.stderr)
+    missing = [str(f) for f in args.folders if not f.exists()]
+    if missing:
+        raise SystemExit(f"make_tables: no such folder: {', '.join(missing)}")
+    spec = TABLES[args.table]
+    runs = load(args.folders, spec, args.lr_rule, log)
+    if not runs:
+        needs = f"test_{spec.metric}" + ("" if args.lr_rule == "none" else f" and val_{spec.metric}")
+        raise SystemExit(f"make_tables: nothing to place in --table {args.table} (task={spec.task}, needs "
+                         f"{needs}); see the lines above")
+    label_rows(runs, log)
+    cells, lr_caption = select(runs, args.lr_rule, f"val_{spec.metric}", log)
+    log(f"placed {sum(len(c.runs) for c in cells)} of {len(runs)} usable runs in {len(cells)} cells")
+    text = render(cells, args.table, args.format, lr_caption)
     print(text)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(text + "\n")
+    return text
 
 
 if __name__ == "__main__":
