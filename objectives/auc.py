@@ -5,20 +5,41 @@ r"""Binary AUC through the pairwise LP of Meng et al. 2021, §3.2 eq. (1) (after
     \min_{z \ge 0} \sum_{i \in X_+} \sum_{j \in X_-} z_{ij}
     \quad \text{s.t.} \quad f(x_i) - f(x_j) \ge \epsilon - z_{ij},
 
-with :math:`f` the softmax probability of the positive class (as the authors trained).  In the
+with :math:`f` the softmax probability of the positive class (not stated in the seeds; the
+authors' public code, zihangm/nondecomposable-as-lp ``binary_auc.py``, scores
+``softmax(logits)[:, 1]`` of a 2-way head).  In the
 solver's form: :math:`c = \mathbb 1`, :math:`A = -I` (structured diagonal operator),
-:math:`b = d - \epsilon` with :math:`d_{ij} = f(x_i) - f(x_j)`.  The AUC estimate below eq. (1),
-:math:`(|X_+||X_-| - \sum_{ij} \epsilon^{-1}\mathrm{relu}(\epsilon - z^*_{ij})) / (|X_+||X_-|)`,
-is a *count of correctly ranked pairs*; the loss minimised is one minus it,
+:math:`b = d - \epsilon` with :math:`d_{ij} = f(x_i) - f(x_j)`.  The optimum is
+:math:`z^*_{ij} = \max(0, \epsilon - d_{ij})`, so the per-pair term
 
 .. math::
 
-    \mathcal L = 1 - \frac{1}{|X_+||X_-|}\sum_{ij} \epsilon^{-1}\mathrm{relu}(\epsilon - z^*_{ij})
-               = 1 - \operatorname{mean}_{ij} \mathrm{clip}(d_{ij}/\epsilon, 0, 1)
-               \xrightarrow{\epsilon\to 0} 1 - \mathrm{AUC}.
+    \epsilon^{-1}\mathrm{relu}(\epsilon - z^*_{ij}) = \mathrm{clip}(d_{ij}/\epsilon, 0, 1)
 
-(The paper's display writes the count with :math:`n` in front; with :math:`z` counted that way
-the numerator must be :math:`|X_+||X_-|`, which is what the authors' code uses.)
+is a *soft indicator that the pair is ranked correctly* (1 when :math:`d_{ij} \ge \epsilon`,
+i.e. :math:`z^*_{ij} = 0`; 0 when :math:`d_{ij} \le 0`; linear in between).  Its sum is the
+(soft) count of correctly ranked pairs and its mean is the ramp-AUC.  The expression displayed
+below eq. (1), :math:`(|X_+||X_-| - \sum_{ij} \epsilon^{-1}\mathrm{relu}(\epsilon - z^*_{ij}))
+/ (|X_+||X_-|)`, subtracts that count from the number of pairs: it is the fraction of pairs *not*
+ranked correctly by a margin :math:`\epsilon`, i.e. one minus the ramp-AUC, and it is itself the
+loss minimised (as in the authors' code, which minimises exactly this expression):
+
+.. math::
+
+    \mathcal L = \frac{|X_+||X_-| - \sum_{ij} \epsilon^{-1}\mathrm{relu}(\epsilon - z^*_{ij})}{|X_+||X_-|}
+               = 1 - \operatorname{mean}_{ij} \mathrm{clip}(d_{ij}/\epsilon, 0, 1)
+               \xrightarrow{\epsilon\to 0} 1 - \mathrm{AUC}
+    \quad\text{(on tie-free scores)}.
+
+Seed 002 §3.2 (below eq. 1) reads "AUC = (n - \|z\|_0)/(|X_+||X_-|) = (n - \sum \epsilon^{-1}
+relu(\epsilon - z))/(|X_+||X_-|)".  The first form is right: :math:`z_{ij} = 0` exactly when
+:math:`d_{ij} \ge \epsilon` (a correctly ranked pair), so :math:`n - \|z\|_0` counts the correctly
+ranked pairs.  The second equality is not: its own next sentence says the relu term is 1 when
+:math:`z_{ij} = 0`, so the relu sum counts the *zero* entries, :math:`\|z\|_0 = n - \sum_{ij}
+\epsilon^{-1}\mathrm{relu}(\epsilon - z_{ij})`, and the relu form equals one minus the first (the
+loss above, not the AUC).  Also, :math:`n` there is Definition 3.1's sample count
+:math:`|X_+| + |X_-|`; for either form to be a fraction of pairs it must be the pair count
+:math:`|X_+||X_-|`, which is what the authors' code uses.
 
 Knobs: ``epsilon`` (ramp width: only pairs with :math:`0 < d_{ij} < \epsilon` carry gradient, so
 a small epsilon is a sharp but sparse signal), ``score`` (``softmax`` | ``sigmoid`` | ``margin``),

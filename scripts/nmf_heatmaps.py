@@ -8,6 +8,13 @@ one PNG per image.
 
     python scripts/nmf_heatmaps.py                       # untrained ResNet-18, 4 images
     python scripts/nmf_heatmaps.py --weights run/last.pt --images 6 --method highs
+
+``--weights`` takes a ``train.py`` checkpoint (``last.pt`` / ``best.pt``: a dict with the ``model``
+state dict and the resolved ``config``) of a ``model=resnet18`` run, or a bare ResNet-18 state
+dict. The network is rebuilt from the checkpoint's own ``config.model`` (stem included) with the
+head size read from ``fc.weight`` (2-way for binary runs, 3-way for the 3-group task), and the
+weights are loaded strictly. The images are CIFAR-10 test images normalised with CIFAR-10's
+constants, whatever data the checkpoint was trained on.
 """
 from __future__ import annotations
 
@@ -23,6 +30,11 @@ import torch
 import torch.nn.functional as Fn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from omegaconf import OmegaConf  # noqa: E402
+from torch import nn  # noqa: E402
+
+from builders import instantiate_runtime  # noqa: E402
+from models.resnet import resnet18  # noqa: E402
 from objectives.nmf import NMFLayer  # noqa: E402
 
 MEAN, STD = torch.tensor([0.4914, 0.4822, 0.4465]), torch.tensor([0.2470, 0.2435, 0.2616])
@@ -41,13 +53,34 @@ def load_images(root: Path, count: int, seed: int) -> np.ndarray:
                          for i in idx])
 
 
-def activations(images: np.ndarray, weights: str | None, size: int, stage: str) -> torch.Tensor:
-    from torchvision.models import resnet18
-    net = resnet18(weights=None, num_classes=10)
-    if weights:
-        state = torch.load(weights, map_location="cpu")
-        net.load_state_dict(state.get("model", state), strict=False)
-    net.eval()
+def load_network(weights: str | None, size: int = 32) -> nn.Module:
+    """The ResNet-18 to factor: untrained (10-way) when ``weights`` is None, else rebuilt from a
+    ``train.py`` checkpoint (its ``config.model`` with the head size of its ``fc.weight``) or from a
+    bare state dict, and loaded strictly (a mismatch is an error, not silently skipped weights)."""
+    if not weights:
+        return resnet18(num_classes=10, input_shape=[3, size, size]).eval()
+    ckpt = torch.load(weights, map_location="cpu", weights_only=False)
+    state = ckpt["model"] if isinstance(ckpt, dict) and "model" in ckpt else ckpt
+    if "fc.weight" not in state or "conv1.weight" not in state:
+        raise ValueError(f"{weights} holds no ResNet weights (no fc.weight / conv1.weight: keys "
+                         f"{sorted(state)[:4]}...); NMF heat maps need a model=resnet18 run's last.pt / best.pt")
+    num_classes, channels, kernel = (state["fc.weight"].shape[0], state["conv1.weight"].shape[1],
+                                     state["conv1.weight"].shape[-1])
+    if channels != 3:
+        raise ValueError(f"{weights} was trained on {channels}-channel images; the heat maps use RGB CIFAR-10")
+    runtime = {"num_classes": num_classes, "input_shape": [channels, size, size]}
+    model_cfg = ckpt.get("config", {}).get("model") if isinstance(ckpt, dict) else None
+    if model_cfg:   # a train.py checkpoint: the same _target_ and stem as the run
+        net = instantiate_runtime(OmegaConf.create(model_cfg), **runtime)
+    else:           # a bare state dict: the stem shows in conv1's kernel (3 = CIFAR stem, 7 = ImageNet)
+        net = resnet18(**runtime, cifar_stem=kernel == 3)
+    net.load_state_dict(state)
+    return net.eval()
+
+
+def activations(images: np.ndarray, net: nn.Module, size: int, stage: str) -> torch.Tensor:
+    """Activations ``[N, c, h, w]`` of ``net`` at ``stage`` for uint8 ``[N, H, W, 3]`` images
+    resized to ``size`` px and normalised with CIFAR-10's constants."""
     x = torch.as_tensor(images).permute(0, 3, 1, 2).float() / 255
     x = Fn.interpolate((x - MEAN[:, None, None]) / STD[:, None, None], size=size, mode="bilinear")
     with torch.no_grad():
@@ -103,7 +136,8 @@ def main(argv=None) -> None:
     ap.add_argument("--channels", type=int, default=20, help="channels kept (LP size ~ c^2; paper: 20)")
     ap.add_argument("--size", type=int, default=128, help="input resize (layer3 maps are size/16 wide)")
     ap.add_argument("--stage", default="layer3", help="layer3 at 128 px gives 8x8 maps (w = 64)")
-    ap.add_argument("--weights", default=None, help="checkpoint with a 'model' state dict; default untrained")
+    ap.add_argument("--weights", default=None,
+                    help="train.py last.pt / best.pt of a model=resnet18 run (or a bare state dict); default untrained")
     ap.add_argument("--method", default="lp", choices=["lp", "highs"], help="solver.solve_lp or scipy HiGHS")
     ap.add_argument("--penalty", type=float, default=10.0)
     ap.add_argument("--seed", type=int, default=0)
@@ -113,7 +147,7 @@ def main(argv=None) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     images = load_images(Path(args.data_root), args.images, args.seed)
-    acts = activations(images, args.weights, args.size, args.stage)
+    acts = activations(images, load_network(args.weights, args.size), args.size, args.stage)
     ranks = [1, 2]
     all_maps, timings = [], []
     for i, act in enumerate(acts):

@@ -22,7 +22,7 @@ def test_dataset_config_has_the_keys_and_comments(name):
     cfg = OmegaConf.load(CONFIGS / f"{name}.yaml")
     assert KEYS <= set(cfg.keys()) and cfg.name == name
     assert callable(get_method(cfg.source._target_))
-    model = "mlp" if name in TABULAR else "resnet18"
+    model = {"synthetic": "synthetic_student"}.get(name, "mlp" if name in TABULAR else "resnet18")
     assert f"override /model@_global_.model: {model}" in text
     for line in text.splitlines():  # nanoGPT habit: every top-level default says why
         if re.match(r"^[a-z_]+: \S", line) and not line.startswith("source:"):
