@@ -53,6 +53,10 @@ class SolverOptions:
     # unrolled iterate is z* + O(eps), so each step brings its Jacobian ~10x closer to the
     # vertex's (active-set) Jacobian at a cost of ~2 warm Newton steps
     unrolled_eps_steps: int = 2
+    # "newton": the penalty Newton method above (batched, CPU or GPU); "highs": scipy's HiGHS
+    # solves each LP on the CPU and the same active-set backward differentiates it -- the
+    # faster exact forward for one large general LP (solver/highs.py)
+    forward: str = "newton"
 
     def resolved(self, dtype: torch.dtype, separable: bool = False) -> "SolverOptions":
         f64 = dtype == torch.float64
@@ -80,6 +84,7 @@ class SolverOptions:
             (opts.step in ("auto", "exact", "armijo", "fixed"),
              "step must be auto, exact, armijo or fixed"),
             (opts.on_fail in ("raise", "warn"), "on_fail must be 'raise' or 'warn'"),
+            (opts.forward in ("newton", "highs"), "forward must be 'newton' or 'highs'"),
             (opts.sketch in (None, "gaussian", "sampling"),
              "sketch must be None, 'gaussian' or 'sampling'"),
             (opts.eps is None or opts.eps > 0, "eps must be > 0"),

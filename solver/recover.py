@@ -191,14 +191,45 @@ def recover(prob, zp, eps, *, method, active_tol=1.0, cg_tol=1e-12, cg_max_iter=
         z, wA, wz = _where(better, z2, z), _where(better, wA2, wA), _where(better, wz2, wz)
         cert = [_where(better, a, b) for a, b in zip(cert2, cert)]
         mixed = True
-    # the KKT check certifies z whatever T was; keep in T only the rows tight at z (a
-    # spurious row in an inconsistent least-squares fit would corrupt the backward)
+    return _finish(prob, z, wA, wz, system, cert, mixed, method, cg_tol, cg_max_iter)
+
+
+def _tight(prob, z):
+    """0/1 weights of the rows and bounds tight at ``z`` (to sqrt(machine eps) * scale)."""
     thr = (torch.finfo(z.dtype).eps ** 0.5 * prob.h_scale).unsqueeze(-1)
     rA, _ = prob.residuals(z)
-    wA2, wz2 = wA * (rA >= -thr), wz * (z <= thr)
-    if mixed or not torch.equal(wA2, wA) or not torch.equal(wz2, wz):
+    return (rA >= -thr).to(z.dtype), (z <= thr).to(z.dtype)
+
+
+def _finish(prob, z, wA, wz, system, cert, rebuild, method, cg_tol, cg_max_iter):
+    """The KKT check certifies ``z`` whatever T was; keep in T only the rows tight at z (a
+    spurious row in an inconsistent least-squares fit would corrupt the backward)."""
+    tA, tz = _tight(prob, z)
+    wA2, wz2 = wA * tA, wz * tz
+    if rebuild or not torch.equal(wA2, wA) or not torch.equal(wz2, wz):
         wA, wz = wA2, wz2
-        system = NewtonSystem(prob, wA, wz, torch.zeros_like(eps), method, pinv=True,
+        system = NewtonSystem(prob, wA, wz, torch.zeros_like(prob.c_scale), method, pinv=True,
                               cg_tol=cg_tol, cg_max_iter=cg_max_iter)
     uA, uz, uE, primal_inf, dual_res, gap, value = cert
     return Recovery(z, wA, wz, uA, uz, uE, primal_inf, dual_res, gap, value, system)
+
+
+@torch.no_grad()
+def recover_vertex(prob, x, u, *, method, cg_tol=1e-12, cg_max_iter=1000, accept_tol=0.0):
+    """Recovery from an external solver's optimal vertex ``x [B, n]`` and its multipliers
+    ``u = (uA, uz, uE)`` (``forward="highs"``): T = the rows and bounds tight at ``x``; the
+    same active-set solve as :func:`recover` snaps ``x`` onto ``{G_T z = h_T}`` (the vertex to
+    roundoff; the external solver stops at its own feasibility tolerance), and the same
+    certificate picks the multipliers (least-norm on T first, so ``dual`` matches Newton's).
+    Where the snapped point certifies worse than ``x`` itself, ``x`` is kept."""
+    x = x.detach()
+    wA, wz = _tight(prob, x)
+    z, system = _solve_active(prob, x, wA, wz, method, cg_tol, cg_max_iter)
+    cert = _certify(prob, z, system, u, accept_tol, method)
+    worse = _kkt(cert[3:6]) > accept_tol
+    if bool(worse.any()):
+        cert_x = _certify(prob, x, system, u, accept_tol, method)
+        use_x = worse & (_kkt(cert_x[3:6]) < _kkt(cert[3:6]))
+        z = _where(use_x, x, z)
+        cert = [_where(use_x, a, b) for a, b in zip(cert_x, cert)]
+    return _finish(prob, z, wA, wz, system, cert, False, method, cg_tol, cg_max_iter)

@@ -22,6 +22,7 @@ from dataclasses import fields
 import torch
 
 from solver.errors import LPInputError, LPNotConvergedWarning, LPSolverError
+from solver.highs import check_call, highs_forward
 from solver.implicit import active_set_output, unrolled_output
 from solver.linsolve import NewtonSystem, choose_method, diag_scale
 from solver.newton import newton_penalty
@@ -129,7 +130,7 @@ def run_eps_loop(prob, z, eps, opts, method, extra_steps=0):
             "iterations": iters, "eps_steps": steps, "cg_iterations": cg_total}
 
 
-def _stats(prob, run, method, seconds):
+def _stats(prob, run, method, seconds, forward="newton"):
     rec = run["rec"]
     active = rec.wA.sum(-1) + rec.wz.sum(-1)
     per = {"iterations": run["iterations"], "converged": run["done"],
@@ -162,6 +163,7 @@ def _stats(prob, run, method, seconds):
              "eps": vals[7],
              "eps_steps": int(vals[8]),
              "linear_solver": method,
+             "forward": forward,
              "cg_iterations": int(run["cg_iterations"]),
              "batch_size": prob.B,
              "seconds": seconds}
@@ -185,7 +187,9 @@ def solve_lp(c, A, b, A_eq=None, b_eq=None, *, backward: str = "active_set",
             ``max_eps_steps``, ``max_iter``, ``tol``, ``delta``, ``step``, ``step_size``,
             ``linear_solver``, ``cg_tol``, ``cg_max_iter``, ``active_tol``, ``max_norm``,
             ``warm_start``, ``sketch``, ``sketch_size``, ``sketch_seed``, ``on_fail``,
-            ``diagnose``, ``compute_dtype``).
+            ``diagnose``, ``compute_dtype``, ``forward``).  ``forward="highs"`` solves each
+            LP with scipy's HiGHS on the CPU and keeps the active-set backward
+            (:mod:`solver.highs`); the default ``"newton"`` batches and runs on the GPU.
 
     Leading batch dimensions broadcast (an unbatched ``A`` is shared by the batch).
 
@@ -201,16 +205,23 @@ def solve_lp(c, A, b, A_eq=None, b_eq=None, *, backward: str = "active_set",
         raise LPInputError(f"backward={backward!r}; choose 'active_set' or 'unrolled'.")
     opts = SolverOptions.from_kwargs(options)
     t0 = time.perf_counter()
-    prob = build_problem(c, A, b, A_eq, b_eq, compute_dtype=opts.compute_dtype)
+    highs = opts.forward == "highs"
+    # HiGHS computes in float64: so does its recovery unless compute_dtype says otherwise
+    prob = build_problem(c, A, b, A_eq, b_eq,
+                         compute_dtype=opts.compute_dtype or (torch.float64 if highs else None))
     method = choose_method(prob, opts.linear_solver)
     opts = opts.resolved(prob.dtype, separable=method == "diagonal")
-    z0, eps0 = _initial_point(prob, opts)
-    unrolled = backward == "unrolled" and torch.is_grad_enabled()
-    with torch.set_grad_enabled(unrolled):
-        run = run_eps_loop(prob, z0, eps0, opts, method,
-                           opts.unrolled_eps_steps if backward == "unrolled" else 0)
+    if highs:   # failures raise (or warn) inside, with the same typed errors
+        check_call(prob, backward)
+        run = highs_forward(prob, opts, method)
+    else:
+        z0, eps0 = _initial_point(prob, opts)
+        unrolled = backward == "unrolled" and torch.is_grad_enabled()
+        with torch.set_grad_enabled(unrolled):
+            run = run_eps_loop(prob, z0, eps0, opts, method,
+                               opts.unrolled_eps_steps if backward == "unrolled" else 0)
     rec = run["rec"]
-    if not bool(run["done"].all()):
+    if not highs and not bool(run["done"].all()):
         stats, _ = _stats(prob, run, method, time.perf_counter() - t0)
         kind, msg, bad = diagnose.explain(prob, opts, method, run) if opts.diagnose else \
             ("not_converged", diagnose.not_converged_message(opts, run), [])
@@ -224,7 +235,7 @@ def solve_lp(c, A, b, A_eq=None, b_eq=None, *, backward: str = "active_set",
     out_dtype = c.dtype
     z_out = prob.unflatten(z, (prob.n,)).to(out_dtype)
     value = (prob.unflatten(prob.c, (prob.n,)).to(out_dtype) * z_out).sum(-1)
-    stats, per = _stats(prob, run, method, time.perf_counter() - t0)
+    stats, per = _stats(prob, run, method, time.perf_counter() - t0, opts.forward)
     return LPSolution(
         z=z_out, value=value,
         dual=prob.unflatten(rec.uA, (prob.m,)).to(out_dtype),
@@ -233,5 +244,5 @@ def solve_lp(c, A, b, A_eq=None, b_eq=None, *, backward: str = "active_set",
         dual_eq=None if rec.uE is None else prob.unflatten(rec.uE, (prob.p,)).to(out_dtype),
         dual_bounds=prob.unflatten(rec.uz, (prob.n,)).to(out_dtype),
         active_bounds=prob.unflatten(rec.wz > 0, (prob.n,)),
-        eps=prob.unflatten(run["eps"].detach()),
+        eps=None if highs else prob.unflatten(run["eps"].detach()),
         penalty_z=prob.unflatten(run["zp"].detach(), (prob.n,)))

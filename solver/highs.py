@@ -1,0 +1,129 @@
+r"""``forward="highs"``: HiGHS solves the LP on the CPU, the active-set backward differentiates it.
+
+For a large general LP on the CPU, a simplex code is the fastest exact forward; what it lacks
+is a gradient.  This backend takes HiGHS's optimal vertex (``scipy.optimize.linprog(method=
+"highs")``, one LP at a time), then does exactly what the Newton path does after its last
+penalty solve (:func:`solver.recover.recover_vertex`): the active set ``T`` (rows and bounds
+tight at the vertex), one active-set solve that snaps the vertex onto ``{G_T z = h_T}`` (HiGHS
+stops at its 1e-7 feasibility tolerance; the snap makes it exact to roundoff), the same KKT
+certificate with least-norm multipliers on ``T``, and the same ``K_T`` factorisation that the
+active-set backward (:mod:`solver.implicit`) solves with.  So ``z``, ``value``, ``dual`` and the
+gradients equal the Newton forward's wherever the optimum is unique.
+
+Limits: CPU tensors only (a CUDA tensor raises :class:`LPInputError`: HiGHS runs on the host
+and a silent device round trip per call would hide a sync in a training step; move the data
+with ``.cpu()`` or use the default ``forward="newton"``, which runs on the GPU);
+``backward="active_set"`` only (there are no iterations to unroll); the Newton-only options
+(``eps``, ``step``, ``sketch``, ``warm_start``, ...) are ignored; ``tol`` is the KKT acceptance
+tolerance, ``linear_solver`` the backward's ``K_T`` solver.  The computation runs in float64
+unless ``compute_dtype`` says otherwise (HiGHS is float64 anyway).
+"""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import torch
+from scipy.optimize import linprog
+
+from solver.errors import LPInputError, LPNotConvergedWarning, LPSolverError
+from solver.recover import recover_vertex
+from solver.scipy_ops import is_shared, to_scipy
+
+
+def check_call(prob, backward: str) -> None:
+    if prob.device.type != "cpu":
+        raise LPInputError(
+            f"forward='highs' runs HiGHS on the CPU but the LP data are on {prob.device}; "
+            f"move c, A, b (and A_eq, b_eq) to the CPU with .cpu(), or use the default "
+            f"forward='newton', which solves on the GPU.")
+    if backward != "active_set":
+        raise LPInputError("forward='highs' has no iterations to unroll; use "
+                           "backward='active_set' (or forward='newton' for 'unrolled').")
+
+
+def _vec(t, i):
+    return t[i].detach().cpu().to(torch.float64).numpy()
+
+
+def _solve_one(prob, i, A, E):
+    c = _vec(prob.c, i)
+    kw = dict(A_ub=A if prob.m else None, b_ub=_vec(prob.b, i) if prob.m else None,
+              A_eq=E, b_eq=None if E is None else _vec(prob.b_eq, i),
+              bounds=(0, None), method="highs")
+    res = linprog(c, **kw)
+    kind = {2: "infeasible", 3: "unbounded"}.get(res.status)
+    if res.status == 4 and "unbounded or infeasible" in res.message.lower():
+        # HiGHS's presolve can stop at "unbounded or infeasible": a feasibility LP decides
+        feas = linprog(np.zeros_like(c), **kw)
+        kind = "infeasible" if feas.status == 2 else "unbounded"
+    return res, kind
+
+
+def _fail(kind, idx, detail):
+    where = f"batch instances {idx[:10]}{'...' if len(idx) > 10 else ''}"
+    if kind == "infeasible":
+        msg = (f"LP infeasible ({where}; HiGHS, forward='highs'): no z >= 0 satisfies "
+               f"A z <= b, A_eq z = b_eq. Check how the constraints are built (signs of b, "
+               f"contradictory equalities) or relax them, e.g. with slack variables.")
+    elif kind == "unbounded":
+        msg = (f"LP unbounded ({where}; HiGHS, forward='highs'): c^T z decreases without "
+               f"limit over the feasible set. Add bounds on z (e.g. box rows z <= u in A), "
+               f"or check the sign of c (the solver minimises).")
+    else:
+        msg = (f"HiGHS did not solve the LP ({where}): {detail} Try forward='newton', or "
+               f"rescale the rows of A.")
+    return LPSolverError(msg, kind=kind, stats={"forward": "highs", "converged": False},
+                         instances=idx)
+
+
+def highs_forward(prob, opts, method):
+    """Solve every LP of ``prob`` with HiGHS and recover the active set; returns the ``run``
+    dict that :func:`solver.solve.solve_lp` turns into an :class:`LPSolution`."""
+    A_shared = to_scipy(prob.A) if is_shared(prob.A) else None
+    E_shared = None if prob.A_eq is None or not is_shared(prob.A_eq) else to_scipy(prob.A_eq)
+    xs, uA, uz, uE, nit = [], [], [], [], []
+    bad = {}
+    for i in range(prob.B):
+        A = A_shared if A_shared is not None else to_scipy(prob.A, i)
+        E = None if prob.A_eq is None else (E_shared if E_shared is not None
+                                            else to_scipy(prob.A_eq, i))
+        res, kind = _solve_one(prob, i, A, E)
+        if res.status != 0:
+            bad.setdefault(kind or "not_converged", []).append((i, res.message))
+            continue
+        # scipy's marginals are d(value)/d(rhs): ours are u >= 0 with c + A^T uA - uz
+        # + A_eq^T uE = 0, i.e. uA = -marginals, uE = -marginals, uz = +marginals
+        xs.append(res.x)
+        uA.append(-res.ineqlin.marginals if prob.m else np.zeros(0))
+        uz.append(res.lower.marginals)
+        uE.append(None if E is None else -res.eqlin.marginals)
+        nit.append(res.nit)
+    for kind in ("infeasible", "unbounded", "not_converged"):
+        if kind in bad:
+            idx = [i for i, _ in bad[kind]]
+            raise _fail(kind, idx, bad[kind][0][1])
+
+    def t(rows):
+        return torch.as_tensor(np.stack(rows), dtype=prob.dtype)
+
+    x = t(xs)
+    u = (t(uA), t(uz), None if prob.A_eq is None else t(uE))
+    rec = recover_vertex(prob, x, u, method=method, cg_tol=opts.cg_tol,
+                         cg_max_iter=4 * opts.cg_max_iter, accept_tol=opts.tol)
+    done = rec.kkt <= opts.tol
+    if not bool(done.all()):
+        idx = (~done).nonzero().flatten().tolist()
+        msg = (f"forward='highs': HiGHS's vertex does not pass the KKT check (batch "
+               f"instances {idx[:10]}): residual {float(rec.kkt.max()):.2e} > tol={opts.tol:.1e}"
+               f". The LP is probably badly scaled; rescale the rows of A, loosen tol, or try "
+               f"forward='newton'.")
+        if opts.on_fail == "raise":
+            raise LPSolverError(msg, kind="not_converged",
+                                stats={"forward": "highs", "converged": False}, instances=idx)
+        warnings.warn(msg, LPNotConvergedWarning, stacklevel=3)
+    zeros = torch.zeros(prob.B, dtype=prob.dtype)
+    return {"rec": rec, "zp": x, "eps": zeros, "done": done,
+            "diverged": torch.zeros_like(done), "eps_steps": zeros.long(),
+            "iterations": torch.as_tensor(nit, dtype=torch.long),
+            "cg_iterations": rec.system.cg_iterations}

@@ -1,0 +1,48 @@
+"""One LP instance's constraint matrix as a scipy matrix (for HiGHS and the sparse factorisation).
+
+``to_scipy(op, i)`` returns ``A`` of batch instance ``i`` in float64 on the host: a
+``scipy.sparse.csr_matrix`` for sparse, diagonal and stacked operators (never densified), a
+numpy array for dense ones.  An operator this module does not know goes through its
+``dense()`` (correct, but dense: give a new structured operator a branch here).
+
+The result is plain data (detached): the differentiable path always goes through the operator's
+torch products, never through these copies.
+"""
+from __future__ import annotations
+
+import scipy.sparse as sp
+import torch
+
+from solver.operators import DenseOperator, DiagonalOperator, LinearOperator, SparseOperator
+from solver.stacked import HStackOperator, VStackOperator
+
+
+def _np(t: torch.Tensor):
+    return t.detach().to(device="cpu", dtype=torch.float64).numpy()
+
+
+def to_scipy(op: LinearOperator, i: int = 0, sparse: bool = False):
+    """``A`` of instance ``i`` (ignored for an unbatched ``op``); ``sparse=True`` also turns
+    dense blocks into CSR (a sparse Gram matrix needs every block sparse)."""
+    if isinstance(op, SparseOperator):
+        keep = slice(None) if op.bidx is None else (op.bidx == i)
+        rows, cols = (t[keep].detach().cpu().numpy() for t in (op.row, op.col))
+        return sp.csr_matrix((_np(op.values[keep]), (rows, cols)), shape=op.shape)
+    if isinstance(op, DiagonalOperator):
+        d = op.d if op.d.dim() == 1 else op.d[i]
+        return sp.diags(_np(d), format="csr")
+    if isinstance(op, (VStackOperator, HStackOperator)):
+        parts = [to_scipy(b, i, sparse=True) for b in op.blocks]
+        stack = sp.vstack if isinstance(op, VStackOperator) else sp.hstack
+        return stack(parts, format="csr")
+    if isinstance(op, DenseOperator):
+        A = _np(op.A if op.A.dim() == 2 else op.A[i])
+    else:
+        A = op.dense()
+        A = _np(A if A.dim() == 2 else A[i])
+    return sp.csr_matrix(A) if sparse else A
+
+
+def is_shared(op: LinearOperator) -> bool:
+    """True when every instance of the batch has the same matrix (convert it once)."""
+    return op.batch_size is None
