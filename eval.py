@@ -100,7 +100,7 @@ def plot_roc(fpr: np.ndarray, tpr: np.ndarray, path: Path, title: str) -> None:
 
 def evaluate_run(run_dir: str | Path | None, checkpoint: str | Path | None = None,
                  split: str = "test", out_dir: str | Path | None = None,
-                 device: str = "auto", bn_mode: str = "eval") -> dict:
+                 device: str = "auto", bn_mode: str = "eval", batch_size: int | None = None) -> dict:
     """Evaluate ``checkpoint`` (default ``run_dir/last.pt``) on ``split``; returns the JSON record."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
@@ -114,7 +114,8 @@ def evaluate_run(run_dir: str | Path | None, checkpoint: str | Path | None = Non
     dev = resolve_device(device)
     model = build_model(cfg, bundle)
     model.load_state_dict(ckpt["model"])
-    batch_size = OmegaConf.select(cfg, "trainer.eval_batch_size", default=512)
+    if batch_size is None:
+        batch_size = OmegaConf.select(cfg, "trainer.eval_batch_size", default=512)
     logits, labels = predict(model.to(dev), getattr(bundle, split), batch_size=batch_size, device=dev,
                              bn_mode=bn_mode)
 
@@ -148,11 +149,13 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--bn-mode", choices=("eval", "train"), default="eval",
                         help="train: BatchNorm uses each eval batch's statistics, as the authors' "
                              "code evaluates (outputs get a _bntrain suffix)")
+    parser.add_argument("--batch-size", type=int, help="evaluation batch (default: the run's "
+                        "trainer.eval_batch_size); matters with --bn-mode train (authors: 32)")
     args = parser.parse_args(argv)
     if args.run_dir is None and args.checkpoint is None:
         parser.error("give RUN_DIR or --checkpoint PATH")
     record = evaluate_run(args.run_dir, args.checkpoint, args.split, args.out, args.device,
-                          args.bn_mode)
+                          args.bn_mode, args.batch_size)
     print(json.dumps(record["metrics"], indent=2))
     return record
 

@@ -159,6 +159,6 @@ def test_predict_bn_train_mode_uses_batch_statistics_and_leaves_model_untouched(
 
 def test_cli_bn_mode_train_writes_suffixed_record(runs, tmp_path):
     run = runs["binary"][0]
-    record = ev.main([str(run), "--bn-mode", "train", "--out", str(tmp_path)])
-    assert record["bn_mode"] == "train" and (tmp_path / "eval_test_bntrain.json").is_file()
+    record = ev.main([str(run), "--bn-mode", "train", "--batch-size", "32", "--out", str(tmp_path)])
+    assert record["bn_mode"] == "train" and record["batch_size"] == 32 and (tmp_path / "eval_test_bntrain.json").is_file()
     assert (tmp_path / "roc_test_bntrain.png").is_file() and not (tmp_path / "eval_test.json").exists()
