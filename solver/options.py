@@ -36,7 +36,7 @@ class SolverOptions:
     # independent coordinates would slow them all down), exact otherwise
     step: str = "auto"
     step_size: float = 1.0          # lambda of step="fixed"
-    linear_solver: str = "auto"     # auto | diagonal | cholesky | cg
+    linear_solver: str = "auto"     # auto | diagonal | cholesky | cg | sparse (solver/linsolve.py)
     cg_tol: float | None = None     # relative residual of CG; None: 1e-12 (f64) / 1e-6 (f32)
     cg_max_iter: int = 500
     active_tol: float = 1.0         # kappa = active_tol * eps * max(1, |u|_inf): tight rows

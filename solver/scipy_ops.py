@@ -46,3 +46,37 @@ def to_scipy(op: LinearOperator, i: int = 0, sparse: bool = False):
 def is_shared(op: LinearOperator) -> bool:
     """True when every instance of the batch has the same matrix (convert it once)."""
     return op.batch_size is None
+
+
+def row_counts(op: LinearOperator) -> torch.Tensor | None:
+    """Nonzeros per row of ``A`` (the most over the batch), ``[m]``; ``None`` if ``op`` has a
+    dense block.  ``sum(counts**2)`` bounds ``nnz(A^T W A)`` for every 0/1 ``W``."""
+    if isinstance(op, SparseOperator):
+        m = op.shape[0]
+        if op.bidx is None:
+            return torch.bincount(op.row, minlength=m)
+        flat = torch.bincount(op.bidx * m + op.row, minlength=op.batch_size * m)
+        return flat.view(op.batch_size, m).amax(0)
+    if isinstance(op, DiagonalOperator):
+        return torch.ones(op.shape[0], dtype=torch.long, device=op.d.device)
+    if isinstance(op, (VStackOperator, HStackOperator)):
+        parts = [row_counts(b) for b in op.blocks]
+        if any(p is None for p in parts):
+            return None
+        return torch.cat(parts) if isinstance(op, VStackOperator) else sum(parts)
+    return None
+
+
+def gram_nnz(prob) -> int | None:
+    """Upper bound of ``nnz(K)`` for the Newton matrix ``K`` of ``prob`` (``n`` + the
+    ``sum_i nnz(row_i)^2`` of ``A`` and ``A_eq``); ``None`` when ``A`` or ``A_eq`` has a dense
+    block (``K`` is then dense too)."""
+    nnz = prob.n
+    for op in (prob.A, prob.A_eq):
+        if op is None:
+            continue
+        counts = row_counts(op)
+        if counts is None:
+            return None
+        nnz += int(counts.square().sum())
+    return nnz

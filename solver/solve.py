@@ -209,7 +209,7 @@ def solve_lp(c, A, b, A_eq=None, b_eq=None, *, backward: str = "active_set",
     # HiGHS computes in float64: so does its recovery unless compute_dtype says otherwise
     prob = build_problem(c, A, b, A_eq, b_eq,
                          compute_dtype=opts.compute_dtype or (torch.float64 if highs else None))
-    method = choose_method(prob, opts.linear_solver)
+    method = choose_method(prob, opts.linear_solver, unrolled=backward == "unrolled")
     opts = opts.resolved(prob.dtype, separable=method == "diagonal")
     if highs:   # failures raise (or warn) inside, with the same typed errors
         check_call(prob, backward)

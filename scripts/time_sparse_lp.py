@@ -1,0 +1,128 @@
+"""Side-by-side timing of the sparse Newton system (issue 11, item 1) on two of its LPs.
+
+* ``auc``: the binary-AUC LP at 1,024 pairs, ``min 1^T z s.t. -z <= d - eps, z >= 0`` with
+  ``A = -I`` given as a ``torch.sparse`` CSR tensor (not the ``DiagonalOperator`` ``auc_lp``
+  uses: this is the general sparse path);
+* ``sparse``: a random sparse LP, ``n = 500``, ``m = 1,001`` (501 random rows of density 5e-3
+  plus the box ``z <= 3``), ``c`` normal, feasible by construction (``box_lp`` of the tests).
+
+Each row times fwd+bwd (``(z * w).sum().backward()``) of ``solve_lp`` under one
+``linear_solver`` setting, the median of ``--repeats`` calls, and HiGHS's forward alone
+(``scipy.optimize.linprog(method="highs")``), in float64 on one CPU thread.  Run:
+
+    OMP_NUM_THREADS=1 python scripts/time_sparse_lp.py [--repeats 3] [--solvers cholesky,auto]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+from scipy.optimize import linprog
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from solver import solve_lp  # noqa: E402
+
+warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+
+
+def auc_lp(pairs=1024, eps=0.01, seed=0):
+    g = np.random.default_rng(seed)
+    d = g.standard_normal(pairs) * 0.05           # score differences s_pos - s_neg
+    A = -sp.identity(pairs, format="csr")
+    return np.ones(pairs), A, d - eps
+
+
+def random_sparse_lp(n=500, m0=501, density=5e-3, seed=0):
+    g = np.random.default_rng(seed)
+    A0 = sp.random(m0, n, density=density, random_state=g, data_rvs=g.standard_normal,
+                   format="csr")
+    z0 = g.uniform(0, 1, n)
+    b0 = A0 @ z0 + g.uniform(0, 1, m0)
+    A = sp.vstack([A0, sp.identity(n)], format="csr")
+    return g.standard_normal(n), A, np.concatenate([b0, np.full(n, 3.0)])
+
+
+def torch_csr(A):
+    A = A.tocsr()
+    return torch.sparse_csr_tensor(torch.tensor(A.indptr), torch.tensor(A.indices),
+                                   torch.tensor(A.data, dtype=torch.float64), A.shape)
+
+
+def timed(fn, repeats):
+    out, times = None, []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), out
+
+
+def ours(c, A, b, w, **kw):
+    def run():
+        bt = torch.tensor(b, requires_grad=True)
+        sol = solve_lp(torch.tensor(c), torch_csr(A), bt, **kw)
+        (sol.z * w).sum().backward()
+        return sol
+    return run
+
+
+def cvxpylayers_auc(c, b, w):
+    """The paper's CVXPY-SCS layer on the same LP (``baselines/cvxpy_lp.py``; A = -I)."""
+    from baselines.cvxpy_lp import CvxpyLP
+    from objectives.pairwise import neg_identity
+    layer = CvxpyLP(solver="SCS", n_jobs=1)
+
+    def run():
+        bt = torch.tensor(b, requires_grad=True)
+        z = layer(torch.tensor(c), neg_identity(len(c), bt), bt)
+        (z * w).sum().backward()
+        return float(z.detach().sum())
+    return run
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--solvers", default="cholesky,auto",
+                    help="linear_solver settings to time (cholesky: what auto picked before "
+                         "the sparse factorisation; auto: what it picks now)")
+    ap.add_argument("--cases", default="auc,sparse")
+    ap.add_argument("--highs-forward", action="store_true",
+                    help="also time forward='highs' (fwd+bwd)")
+    ap.add_argument("--cvxpylayers", action="store_true",
+                    help="also time cvxpylayers (SCS) fwd+bwd on the AUC LP")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    cases = {"auc": auc_lp, "sparse": random_sparse_lp}
+    print(f"{'case':8} {'variant':24} {'ms':>9} {'/HiGHS':>8} {'Newton':>7} {'solver':>9}  "
+          f"objective error")
+    for name in args.cases.split(","):
+        c, A, b = cases[name]()
+        th, res = timed(lambda: linprog(c, A_ub=A, b_ub=b, bounds=(0, None), method="highs"),
+                        args.repeats)
+        print(f"{name:8} {'HiGHS forward':24} {1e3 * th:9.1f} {1.0:8.2f}")
+        w = torch.tensor(np.random.default_rng(1).standard_normal(len(c)))
+        variants = [(f"newton {s}", dict(linear_solver=s)) for s in args.solvers.split(",")]
+        if args.highs_forward:
+            variants.append(("forward=highs", dict(forward="highs")))
+        for label, kw in variants:
+            t, sol = timed(ours(c, A, b, w, **kw), args.repeats)
+            err = abs(float(sol.value.detach()) - res.fun) / (1 + abs(res.fun))
+            print(f"{name:8} {label:24} {1e3 * t:9.1f} {t / th:8.2f} "
+                  f"{sol.stats['iterations']:7d} {sol.stats['linear_solver']:>9}  {err:.1e}")
+        if args.cvxpylayers and name == "auc":
+            t, value = timed(cvxpylayers_auc(c, b, w), args.repeats)
+            err = abs(value - res.fun) / (1 + abs(res.fun))
+            print(f"{name:8} {'cvxpylayers (SCS)':24} {1e3 * t:9.1f} {t / th:8.2f} "
+                  f"{'':7} {'':>9}  {err:.1e}")
+
+
+if __name__ == "__main__":
+    main()

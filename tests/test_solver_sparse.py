@@ -1,0 +1,107 @@
+"""``linear_solver="sparse"``: the Newton system factorised sparse (SuperLU), never densified.
+
+Forced on the oracle families of ``test_solver_oracle`` it must return what the dense Cholesky
+path returns (value, z, gradients; singular ``K_T`` included: dual-degenerate LPs); ``auto``
+must pick it for large sparse ``A`` on the CPU and not otherwise.
+"""
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import torch
+
+from solver import LPInputError, SparseOperator, VStackOperator, solve_lp
+from tests.test_solver_oracle import check_against_highs, constructed_lp, random_lp, to_torch
+
+NAMES = ("c", "A", "b", "A_eq", "b_eq")
+D = torch.float64
+
+
+def _grads(T, weight, **kw):
+    leaves = [None if T[k] is None else T[k].clone().requires_grad_() for k in NAMES]
+    sol = solve_lp(*leaves, **kw)
+    (sol.z * weight).sum().backward()
+    return sol, torch.cat([(a.grad if a.grad is not None else torch.zeros_like(a)).flatten()
+                           for a in leaves if a is not None])
+
+
+def test_oracle_families_match_dense_cholesky():
+    rng = np.random.default_rng(77)
+    kinds = set()
+    for i in range(24):
+        lp, kind = random_lp(rng, i)
+        T = to_torch(lp)
+        w = torch.tensor(rng.standard_normal(len(lp["c"])))
+        s1, g1 = _grads(T, w, linear_solver="cholesky")
+        s2, g2 = _grads(T, w, linear_solver="sparse")
+        assert s2.stats["linear_solver"] == "sparse" and s2.stats["converged"]
+        assert abs(float(s1.value.detach() - s2.value.detach())) <= 1e-9 * (
+            1 + abs(float(s1.value.detach())))
+        if check_against_highs(lp, s2):          # unique optimum: same z, same Jacobian
+            assert torch.allclose(s1.z, s2.z, atol=1e-9), kind
+            assert torch.allclose(g1, g2, atol=1e-7 * (1 + float(g1.abs().max()))), kind
+        kinds.add(kind)
+    assert len(kinds) == 4
+
+
+def test_gradcheck_sparse_solver_with_equalities():
+    lp = constructed_lp(np.random.default_rng(3), 7, 5, 1)
+    args = [t.clone().requires_grad_() for t in to_torch(lp).values()]
+    f = lambda *a: solve_lp(*a, linear_solver="sparse", tol=1e-10).z  # noqa: E731
+    assert torch.autograd.gradcheck(f, args, atol=1e-6, rtol=1e-5)
+
+
+def _random_sparse(rng, n, m0, density=5e-3):
+    A0 = sp.random(m0, n, density=density, random_state=rng, data_rvs=rng.standard_normal)
+    z0 = rng.uniform(0, 1, n)
+    A = sp.vstack([A0, sp.identity(n)]).tocoo()
+    b = np.concatenate([A0 @ z0 + rng.uniform(0, 1, m0), np.full(n, 3.0)])
+    return rng.standard_normal(n), A, b
+
+
+def _torch_coo(A):
+    return torch.sparse_coo_tensor(np.vstack([A.row, A.col]), A.data, A.shape)
+
+
+def test_auto_picks_sparse_for_a_large_sparse_lp():
+    rng = np.random.default_rng(0)
+    c, A, b = _random_sparse(rng, 300, 301)
+    lp = dict(c=c, A=A.toarray(), b=b, A_eq=None, b_eq=None)
+    sol = solve_lp(torch.tensor(c), _torch_coo(A), torch.tensor(b))
+    assert sol.stats["linear_solver"] == "sparse"
+    check_against_highs(lp, sol)
+    # the same LP as a dense tensor, or with the unrolled backward, keeps the dense path
+    dense = solve_lp(torch.tensor(c), torch.tensor(lp["A"]), torch.tensor(b))
+    assert dense.stats["linear_solver"] == "cholesky"
+    assert torch.allclose(dense.z, sol.z, atol=1e-9)
+    unrolled = solve_lp(torch.tensor(c), _torch_coo(A), torch.tensor(b), backward="unrolled")
+    assert unrolled.stats["linear_solver"] != "sparse"
+    with pytest.raises(LPInputError, match="unrolled"):
+        solve_lp(torch.tensor(c), _torch_coo(A), torch.tensor(b), backward="unrolled",
+                 linear_solver="sparse")
+
+
+def test_auc_lp_sparse_identity_closed_form():
+    """1,024-pair binary-AUC LP with A = -I as torch.sparse CSR: z = max(0, eps - d).  One
+    nonzero per row: auto takes the separable (diagonal) path; forced sparse agrees."""
+    d0 = torch.tensor(np.random.default_rng(4).standard_normal(1024) * 0.05)
+    A = (-torch.eye(1024, dtype=D)).to_sparse_csr()
+    z = torch.relu(0.01 - d0)
+    for solver, expect in (("auto", "diagonal"), ("sparse", "sparse")):
+        d = d0.clone().requires_grad_()
+        sol = solve_lp(torch.ones(1024, dtype=D), A, d - 0.01, linear_solver=solver)
+        assert sol.stats["linear_solver"] == expect
+        sol.value.backward()
+        assert torch.allclose(sol.z, z, atol=1e-12)
+        assert torch.allclose(d.grad, -(z > 0).to(D), atol=1e-12)
+
+
+def test_batched_sparse_operator_with_equalities():
+    """[B, m, n] sparse A and A_eq, and a stacked operator: every instance is its vertex."""
+    rng = np.random.default_rng(6)
+    lps = [constructed_lp(rng, 12, 6, 1) for _ in range(3)]
+    c, A, b, Ae, be = (torch.tensor(np.stack([lp[k] for lp in lps])) for k in NAMES)
+    for make in (lambda A: A.to_sparse(), lambda A: VStackOperator(
+            [SparseOperator.from_torch(A[:, :5].to_sparse()), A[:, 5:].to_sparse()])):
+        sol = solve_lp(c, make(A), b, Ae.to_sparse(), be, linear_solver="sparse")
+        for i, lp in enumerate(lps):
+            assert np.abs(sol.z[i].numpy() - lp["z"]).max() < 1e-9
