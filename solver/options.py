@@ -1,6 +1,7 @@
 """Solver options (``solve_lp(..., **options)`` / ``LPLayer(**options)``), with why each default."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -73,25 +74,60 @@ class SolverOptions:
             out.cg_tol = 1e-12 if f64 else 1e-6
         return out
 
+    def __post_init__(self) -> None:
+        """Validate every option at construction (``SolverOptions(tol=-1)`` fails here, not after
+        every eps stage of a solve); each message names the option, its value and the fix."""
+        problems = [msg for ok, msg in self._checks() if not ok]
+        if problems:
+            raise LPInputError("bad solver option(s): " + "; ".join(problems) + ".")
+
+    def _checks(self):
+        def pos(name, allow_none=True):
+            v = getattr(self, name)
+            ok = (v is None and allow_none) or (_is_real(v) and math.isfinite(v) and v > 0)
+            return ok, f"{name}={v!r} must be a finite number > 0" + (" or None" if allow_none else "")
+
+        def count(name, low):
+            v = getattr(self, name)
+            return (isinstance(v, int) and not isinstance(v, bool) and v >= low,
+                    f"{name}={v!r} must be an integer >= {low}")
+
+        yield (self.step in ("auto", "exact", "armijo", "fixed"),
+               f"step={self.step!r} must be auto, exact, armijo or fixed")
+        yield self.on_fail in ("raise", "warn"), f"on_fail={self.on_fail!r} must be 'raise' or 'warn'"
+        yield (self.sketch in (None, "gaussian", "sampling"),
+               f"sketch={self.sketch!r} must be None, 'gaussian' or 'sampling'")
+        yield (self.forward in ("newton", "highs"), f"forward={self.forward!r} must be 'newton' or 'highs'")
+        # linear_solver: checked by solver.linsolve.choose_method, which owns the list of methods
+        for name in ("eps", "tol", "cg_tol"):
+            yield pos(name)
+        for name in ("step_size", "active_tol"):
+            yield pos(name, allow_none=False)
+        yield (_is_real(self.max_norm) and self.max_norm > 0,   # inf: never call it divergence
+               f"max_norm={self.max_norm!r} must be a number > 0 (inf disables the check)")
+        yield (self.delta is None or (_is_real(self.delta) and math.isfinite(self.delta)
+                                      and self.delta >= 0),
+               f"delta={self.delta!r} must be a finite number >= 0 or None")
+        yield (_is_real(self.eps_decay) and 0 < self.eps_decay < 1,
+               f"eps_decay={self.eps_decay!r} must be in (0, 1)")
+        yield count("max_iter", 1)
+        yield count("max_eps_steps", 0)
+        yield count("cg_max_iter", 1)
+        yield count("unrolled_eps_steps", 0)
+        yield count("sketch_seed", 0)
+        yield (self.sketch_size is None or count("sketch_size", 1)[0],
+               f"sketch_size={self.sketch_size!r} must be an integer >= 1 or None")
+        yield (self.compute_dtype in (None, torch.float32, torch.float64),
+               f"compute_dtype={self.compute_dtype!r} must be None, torch.float32 or torch.float64")
+
     @classmethod
     def from_kwargs(cls, options: dict) -> "SolverOptions":
         names = {f.name for f in fields(cls)}
         unknown = sorted(set(options) - names)
         if unknown:
             raise LPInputError(f"unknown solver option(s) {unknown}; valid: {sorted(names)}.")
-        opts = cls(**options)
-        checks = [
-            (opts.step in ("auto", "exact", "armijo", "fixed"),
-             "step must be auto, exact, armijo or fixed"),
-            (opts.on_fail in ("raise", "warn"), "on_fail must be 'raise' or 'warn'"),
-            (opts.forward in ("newton", "highs"), "forward must be 'newton' or 'highs'"),
-            (opts.sketch in (None, "gaussian", "sampling"),
-             "sketch must be None, 'gaussian' or 'sampling'"),
-            (opts.eps is None or opts.eps > 0, "eps must be > 0"),
-            (0 < opts.eps_decay < 1, "eps_decay must be in (0, 1)"),
-            (opts.max_iter >= 1 and opts.max_eps_steps >= 0, "max_iter >= 1, max_eps_steps >= 0"),
-        ]
-        for ok, msg in checks:
-            if not ok:
-                raise LPInputError(f"bad solver option: {msg}.")
-        return opts
+        return cls(**options)
+
+
+def _is_real(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)

@@ -170,6 +170,26 @@ def _stats(prob, run, method, seconds, forward="newton"):
     return stats, per
 
 
+def empty_solution(prob, c, b, seconds: float, forward: str = "newton") -> LPSolution:
+    """The solution of an empty batch (a leading dimension of size 0): every field has the batch
+    shape with zero LPs; ``z`` and ``value`` stay connected to ``c`` and ``b`` (zero gradient)."""
+    shape = tuple(prob.batch_shape)
+    link = 0.0 * (c.sum() + b.sum())    # empty sums are 0: connects the outputs to the graph
+
+    def zeros(*tail, dtype=c.dtype):
+        return torch.zeros(shape + tail, dtype=dtype, device=c.device)
+
+    stats = {"iterations": 0, "converged": True, "kkt_residual": 0.0, "primal_infeasibility": 0.0,
+             "dual_residual": 0.0, "duality_gap": 0.0, "active_count": 0.0, "eps": 0.0,
+             "eps_steps": 0, "linear_solver": "none", "cg_iterations": 0, "batch_size": 0,
+             "seconds": seconds, "forward": forward}
+    return LPSolution(z=zeros(prob.n) + link, value=zeros() + link, dual=zeros(prob.m),
+                      active=zeros(prob.m, dtype=torch.bool), stats=stats, instance_stats={},
+                      dual_eq=zeros(prob.p) if prob.p else None, dual_bounds=zeros(prob.n),
+                      active_bounds=zeros(prob.n, dtype=torch.bool), eps=zeros(),
+                      penalty_z=zeros(prob.n))
+
+
 def solve_lp(c, A, b, A_eq=None, b_eq=None, *, backward: str = "active_set",
              **options) -> LPSolution:
     r"""Solve ``min c^T z  s.t.  A z <= b,  A_eq z = b_eq,  z >= 0`` differentiably.
@@ -195,9 +215,14 @@ def solve_lp(c, A, b, A_eq=None, b_eq=None, *, backward: str = "active_set",
 
     Returns:
         :class:`solver.LPSolution` (``z``, ``value``, ``dual``, ``active``, ``stats``, ...).
+        An empty batch (a leading dimension of size 0, e.g. ``c`` of shape ``[0, n]``) is not an
+        error: it returns an empty solution (``z`` of shape ``[0, n]``, ``stats["batch_size"]``
+        0) without running the solver.
 
     Raises:
-        LPInputError (a ``ValueError``): bad shapes/dtypes/options, NaN/Inf, empty problem.
+        LPInputError (a ``ValueError``): bad shapes/dtypes/options, NaN/Inf, empty problem
+            (no variables or no constraints). Options are checked before any work
+            (:class:`solver.options.SolverOptions`: e.g. ``tol`` must be finite and > 0).
         LPSolverError: infeasible or unbounded LP (``err.kind``), or not converged with
             ``on_fail="raise"``; ``err.stats`` holds the diagnostics.
     """
@@ -209,6 +234,8 @@ def solve_lp(c, A, b, A_eq=None, b_eq=None, *, backward: str = "active_set",
     # HiGHS computes in float64: so does its recovery unless compute_dtype says otherwise
     prob = build_problem(c, A, b, A_eq, b_eq,
                          compute_dtype=opts.compute_dtype or (torch.float64 if highs else None))
+    if prob.B == 0:
+        return empty_solution(prob, c, b, time.perf_counter() - t0, opts.forward)
     method = choose_method(prob, opts.linear_solver, unrolled=backward == "unrolled")
     opts = opts.resolved(prob.dtype, separable=method == "diagonal")
     if highs:   # failures raise (or warn) inside, with the same typed errors

@@ -109,3 +109,35 @@ def test_not_converged_warns_on_request():
         sol = solve_lp(*_hard_lp(), max_iter=1, max_eps_steps=0, on_fail="warn")
     assert any(issubclass(w.category, LPNotConvergedWarning) for w in caught)
     assert sol.stats["converged"] is False and torch.isfinite(sol.z).all()
+
+
+def test_empty_batch_returns_an_empty_solution():
+    """A leading batch dimension of size 0 is documented as an empty solution, not an error."""
+    c = torch.ones(0, 2, dtype=D, requires_grad=True)
+    b = torch.ones(0, 1, dtype=D, requires_grad=True)
+    sol = solve_lp(c, t([[1.0, 1.0]]), b)
+    assert sol.z.shape == (0, 2) and sol.value.shape == (0,) and sol.dual.shape == (0, 1)
+    assert sol.active.shape == (0, 1) and sol.stats["batch_size"] == 0 and sol.stats["converged"]
+    sol.value.sum().backward()                       # differentiable: zero gradients, right shapes
+    assert c.grad.shape == (0, 2) and b.grad.shape == (0, 1)
+    shared = solve_lp(t([1.0, 1.0]), torch.ones(0, 1, 2, dtype=D), t([1.0]))   # batch from A
+    assert shared.z.shape == (0, 2)
+
+
+@pytest.mark.parametrize("option, value, message", [
+    ("tol", -1.0, r"tol=-1.0 must be a finite number > 0 or None"),
+    ("tol", float("nan"), r"tol=nan must be a finite number > 0 or None"),
+    ("eps", float("inf"), r"eps=inf must be a finite number > 0 or None"),
+    ("cg_tol", 0.0, r"cg_tol=0.0 must be a finite number > 0"),
+    ("delta", -1e-6, r"delta=-1e-06 must be a finite number >= 0 or None"),
+    ("max_iter", 0, r"max_iter=0 must be an integer >= 1"),
+    ("eps_decay", 1.0, r"eps_decay=1.0 must be in \(0, 1\)"),
+    ("forward", "simplex", r"forward='simplex' must be 'newton' or 'highs'"),
+    ("max_norm", float("nan"), r"max_norm=nan must be a number > 0"),
+])
+def test_options_are_validated_at_construction(option, value, message):
+    from solver import SolverOptions
+    with pytest.raises(LPInputError, match=r"bad solver option\(s\): " + message):
+        SolverOptions(**{option: value})
+    with pytest.raises(LPInputError, match=message):    # and before any solve work
+        solve_lp(t([1.0, 1.0]), t([[1.0, 1.0]]), t([1.0]), **{option: value})
