@@ -13,3 +13,11 @@ class DatasetNotFoundError(FileNotFoundError):
 class SplitError(ValueError):
     """A split cannot be used for training or evaluation (e.g. the val split holds one class,
     so AUC is undefined). Raised by :func:`data.splits.build_splits` before any training starts."""
+
+
+class DamagedDatasetError(ValueError):
+    """A dataset file exists but is damaged (truncated, altered, not the documented format).
+
+    The message names the file, what is wrong with it (e.g. its SHA-256 against the one the data
+    README lists) and how to replace it.
+    """

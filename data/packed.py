@@ -6,20 +6,32 @@ uint8 arrays are saved as ``.npy`` (already ``[N, C, H, W]``) in a cache folder,
 pack's SHA-256 so a changed pack never reuses a stale cache. Cache folder: ``cache_dir`` if given,
 else ``<root>/.cache`` when the data root is writable (by its permission bits: a folder marked
 read-only is left alone even when running as root), else ``$XDG_CACHE_HOME/lpnd`` (default
-``~/.cache/lpnd``). Writes go to a temporary file and are renamed into place, so concurrent runs
-(Hydra multirun) never read a half-written cache.
+``~/.cache/lpnd``). Writes go through :func:`atomic.atomic_write` (temporary file, fsync,
+rename), so concurrent runs (Hydra multirun) never read a half-written cache.
+
+Every pack is checked before use (:func:`check_pack`): its SHA-256 against the one the data
+README beside it lists (``README.md`` in the pack's folder, full or abbreviated ``3a9bcc7e…38537``,
+as ``../shared/data/README.md`` writes it), and its zip structure and arrays on opening. A
+truncated or altered pack raises :class:`data.errors.DamagedDatasetError` naming the file and how
+to replace it, instead of ``zipfile.BadZipFile`` twenty frames deep.
 """
 from __future__ import annotations
 
 import hashlib
 import io
 import os
+import re
 import stat
-import tempfile
+import zipfile
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
+
+from atomic import atomic_write
+from data.errors import DamagedDatasetError
+
+PACK_KEYS = ("class_names", "train_buf", "train_off", "train_y", "test_buf", "test_off", "test_y")
 
 
 def default_cache_dir(root: str | os.PathLike) -> Path:
@@ -55,18 +67,47 @@ def decode_images(buf: np.ndarray, off: np.ndarray) -> np.ndarray:
 
 
 def _save_atomic(path: Path, array: np.ndarray) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp.npy")
+    atomic_write(path, lambda f: np.save(f, array))
+
+
+def listed_sha256(path: Path) -> str | None:
+    """The SHA-256 that the ``README.md`` beside ``path`` lists for it (``None`` if none):
+    64 hex digits, or an abbreviation ``prefix…suffix`` (``...`` also accepted)."""
+    readme = path.parent / "README.md"
     try:
-        with os.fdopen(fd, "wb") as f:
-            np.save(f, array)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a shared cache should be readable
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        text = readme.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if f"`{path.name}`" not in line:
+            continue
+        found = re.search(r"`([0-9a-f]{64}|[0-9a-f]{4,}(?:…|\.\.\.)[0-9a-f]{4,})`", line)
+        if found:
+            return found.group(1)
+    return None
+
+
+def _replace_hint(path: Path) -> str:
+    return (f"Replace {path} with a fresh copy of the pack (the README beside it lists its sha256; "
+            f"check with `sha256sum {path}`), or delete it and point DATA_ROOT / dataset.root at "
+            "torchvision's folder (dataset.download=true where a network exists)")
+
+
+def check_pack(path: Path, digest: str) -> None:
+    """Raise :class:`DamagedDatasetError` when ``path`` is empty or its SHA-256 ``digest`` does
+    not match the README's entry for it."""
+    size = path.stat().st_size
+    if size == 0:
+        raise DamagedDatasetError(f"pack {path} is empty (0 bytes). {_replace_hint(path)}.")
+    want = listed_sha256(path)
+    if want is None:
+        return
+    head, _, tail = want.replace("...", "…").partition("…")
+    if not (digest.startswith(head) and digest.endswith(tail)):
+        raise DamagedDatasetError(
+            f"pack {path} is damaged: its sha256 is {digest[:8]}…{digest[-5:]} ({size:,} bytes) "
+            f"but {path.parent / 'README.md'} lists {want} (a truncated copy or an interrupted "
+            f"download). {_replace_hint(path)}.")
 
 
 def load_pack(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> dict:
@@ -78,16 +119,34 @@ def load_pack(path: str | os.PathLike, cache_dir: str | os.PathLike | None = Non
     """
     path = Path(path)
     cache = Path(cache_dir) if cache_dir else default_cache_dir(path.parent)
-    key = f"{path.stem}-{_sha256(path)[:16]}"
+    digest = _sha256(path)
+    check_pack(path, digest)
+    key = f"{path.stem}-{digest[:16]}"
+    try:
+        return _read_pack(path, cache, key)
+    except (zipfile.BadZipFile, EOFError, KeyError, ValueError, OSError) as err:
+        if isinstance(err, (FileNotFoundError, DamagedDatasetError)):
+            raise
+        raise DamagedDatasetError(f"pack {path} cannot be read ({type(err).__name__}: {err}); "
+                                  f"{_replace_hint(path)}.") from err
+
+
+def _read_pack(path: Path, cache: Path, key: str) -> dict:
     out: dict = {}
     with np.load(path, allow_pickle=False) as pack:
+        missing = [k for k in PACK_KEYS if k not in pack.files]
+        if missing:
+            raise KeyError(f"arrays {missing} missing (format: shared/data/README.md)")
         out["class_names"] = [str(c) for c in pack["class_names"]]
         for split in ("train", "test"):
             out[f"{split}_y"] = pack[f"{split}_y"].astype(np.int64)
             cached = cache / f"{key}.{split}_x_nchw.npy"
             if cached.exists():
-                out[f"{split}_x"] = np.load(cached, mmap_mode="r")
-                continue
+                try:
+                    out[f"{split}_x"] = np.load(cached, mmap_mode="r")
+                    continue
+                except (ValueError, OSError):
+                    pass  # an unreadable cache entry is rebuilt below, never blamed on the pack
             images = decode_images(pack[f"{split}_buf"], pack[f"{split}_off"])
             try:
                 _save_atomic(cached, images)
