@@ -86,11 +86,15 @@ class AUCLoss(PairwiseRampLP):
         method, backward, solver: see :class:`objectives.pairwise.PairwiseRampLP`.
     """
 
+    tasks = ("binary",)
+
     def __init__(self, epsilon: float = 0.01, score: str = "softmax", positive_class: int = 1,
                  method: str = "lp", backward: str = "active_set",
                  solver: Mapping[str, Any] | None = None) -> None:
         super().__init__(epsilon=epsilon, method=method, backward=backward, solver=solver)
         binary_scores(torch.zeros(1, 2), score)  # validates the name at construction
+        if positive_class not in (0, 1):
+            raise ValueError(f"positive_class must be 0 or 1 (binary labels); got {positive_class!r}")
         self.score = score
         self.positive_class = int(positive_class)
 

@@ -102,9 +102,10 @@ class AUCMuLoss(PairwiseRampLP):
         self.num_classes, self.score, self.reduction = K, score, reduction
 
     def pairs(self, logits: torch.Tensor, labels: torch.Tensor):
-        labels = check_labels(logits, labels)
-        if logits.shape[1] != self.num_classes:
-            raise ValueError(f"logits have {logits.shape[1]} columns but num_classes={self.num_classes}")
+        if logits.dim() != 2 or logits.shape[1] != self.num_classes:
+            raise ValueError(f"logits must be [B, {self.num_classes}] (num_classes); got "
+                             f"{tuple(logits.shape)}")
+        labels = check_labels(logits, labels, self.num_classes)
         f = class_scores(logits, self.score)
         blocks = orientation_pairs(f, labels, self.cost.to(f.dtype))
         if not blocks:

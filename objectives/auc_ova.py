@@ -66,9 +66,10 @@ class AUCOneVsAllLoss(PairwiseRampLP):
         self.reduction = reduction
 
     def pairs(self, logits: torch.Tensor, labels: torch.Tensor):
-        labels = check_labels(logits, labels)
-        if logits.shape[1] != self.num_classes:
-            raise ValueError(f"logits have {logits.shape[1]} columns but num_classes={self.num_classes}")
+        if logits.dim() != 2 or logits.shape[1] != self.num_classes:
+            raise ValueError(f"logits must be [B, {self.num_classes}] (num_classes); got "
+                             f"{tuple(logits.shape)}")
+        labels = check_labels(logits, labels, self.num_classes)
         f = class_scores(logits, self.score)
         margins, sizes = [], []
         for k in range(self.num_classes):

@@ -24,7 +24,19 @@ class Objective(nn.Module):
       optimizer and the batch just used.
     * :meth:`pop_stats` -- diagnostics averaged since the last call (e.g. solver iterations); the
       trainer writes them to ``metrics.csv`` at every evaluation.
+
+    Degenerate batches: an objective that needs more than one class in a batch records, per
+    batch, ``degenerate_batches`` (1 when a class the loss compares is missing) and
+    ``empty_batches`` (1 when nothing was left to compare: the loss is a constant zero with zero
+    gradient).  The trainer warns when more than 10 % of an evaluation interval's batches were
+    degenerate and stops when every one was empty.
     """
+
+    #: tasks the objective can train; ``validate.validate`` checks ``dataset.task`` against it
+    #: before any data is built (e.g. a binary AUC loss on a multi-class split)
+    tasks: tuple[str, ...] = ("binary", "multiclass")
+    #: the smallest batch that can carry a training signal (pairs need two samples)
+    min_batch_size: int = 1
 
     def __init__(self) -> None:
         super().__init__()

@@ -6,6 +6,7 @@ every objective logs the same solver diagnostics under the same names.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -49,11 +50,61 @@ def class_scores(logits: torch.Tensor, transform: str = "softmax") -> torch.Tens
     return torch.softmax(logits, dim=1) if transform == "softmax" else logits
 
 
-def check_labels(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+def check_labels(logits: torch.Tensor, labels: torch.Tensor,
+                 num_classes: int | None = None) -> torch.Tensor:
+    """Labels as int64 ``[B]``, checked like cross-entropy checks them: one integer class index
+    per row of ``logits``, in ``0..K-1`` (``K = num_classes``, else the logit columns, at least 2).
+
+    Soft / one-hot / float labels and out-of-range values (``-1``, ``2`` in a binary task) raise a
+    ``ValueError`` instead of silently turning into negatives or vanishing from every pair.
+    """
     if labels.dim() != 1 or labels.shape[0] != logits.shape[0]:
         raise ValueError(f"labels must be [B] with B = logits.shape[0] = {logits.shape[0]}; "
-                         f"got {tuple(labels.shape)}")
-    return labels.long()
+                         f"got {tuple(labels.shape)} (one integer class index per sample; "
+                         "one-hot or soft labels are not supported: pass labels.argmax(-1))")
+    if labels.is_floating_point() or labels.is_complex():
+        raise ValueError(f"labels must be integer class indices (int64), got dtype {labels.dtype}; "
+                         "soft labels are not supported by the LP objectives: pass hard labels "
+                         "(labels.round().long() if they are 0./1. floats)")
+    labels = labels.long()
+    if num_classes is None:
+        num_classes = logits.shape[1] if logits.dim() == 2 and logits.shape[1] > 2 else 2
+    if labels.numel():
+        lo, hi = torch.aminmax(labels)
+        lo, hi = int(lo), int(hi)
+        if lo < 0 or hi >= num_classes:
+            raise ValueError(f"labels must lie in 0..{num_classes - 1} ({num_classes} classes); got "
+                             f"values in {lo}..{hi}. Relabel the data (binary tasks: 0 = negative, "
+                             "1 = positive) or set the objective's num_classes")
+    return labels
+
+
+def lp_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Half-precision logits (fp16 / bf16, e.g. under autocast) as float32 for the LP: the solver
+    takes float32 / float64 only, and 8-11 mantissa bits cannot resolve a ramp of width 0.01."""
+    if logits.dtype in (torch.float16, torch.bfloat16):
+        return logits.float()
+    return logits
+
+
+def finite_positive(name: str, value: Any, hint: str = "") -> float:
+    """``float(value)``, or a ``ValueError`` naming the argument unless it is finite and > 0."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        v = math.nan
+    if not (math.isfinite(v) and v > 0):
+        raise ValueError(f"{name} must be a finite number > 0{hint}; got {value!r}")
+    return v
+
+
+def check_solver_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The objective's ``solver`` options as a dict, validated now (at construction) rather than
+    at the first training step: ``objective.solver.tol=-1`` fails before any data is built."""
+    from solver import SolverOptions
+    options = dict(options or {})
+    SolverOptions.from_kwargs(options)
+    return options
 
 
 def zero_loss(logits: torch.Tensor) -> torch.Tensor:

@@ -30,9 +30,11 @@ from typing import Any
 import torch
 
 from objectives.base import Objective
-from objectives.common import solve, solver_stats, zero_loss
+from objectives.common import (check_solver_options, finite_positive, lp_logits, solve, solver_stats,
+                               zero_loss)
 
 METHODS = ("lp", "closed_form")
+BACKWARDS = ("active_set", "unrolled")
 
 
 def neg_identity(m: int, like: torch.Tensor):
@@ -58,6 +60,9 @@ def ramp_lp(d: torch.Tensor, epsilon: float, *, method: str = "lp", backward: st
 class PairwiseRampLP(Objective):
     """Base class: subclasses implement :meth:`pairs`; this class solves the LP and forms the loss.
 
+    Inputs are checked as cross-entropy checks them (integer labels in range, else a
+    ``ValueError``); fp16 / bf16 logits are cast to float32 for the LP.
+
     Args:
         epsilon: ramp width of the LP (paper sweeps 0.1, 0.01, 0.001).
         method: ``"lp"`` (Newton LP solver, default) or ``"closed_form"`` (oracle / ablation).
@@ -65,17 +70,19 @@ class PairwiseRampLP(Objective):
         solver: extra keyword options for ``solver.solve_lp`` (tolerances, iterations, ...).
     """
 
+    min_batch_size = 2  # a pair needs two samples
+
     def __init__(self, epsilon: float = 0.01, method: str = "lp", backward: str = "active_set",
                  solver: Mapping[str, Any] | None = None) -> None:
         super().__init__()
-        if not epsilon > 0:
-            raise ValueError(f"epsilon must be > 0 (the ramp width); got {epsilon}")
+        self.epsilon = finite_positive("epsilon", epsilon, " (the ramp width, e.g. 0.01)")
         if method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}; got {method!r}")
-        self.epsilon = float(epsilon)
+        if backward not in BACKWARDS:
+            raise ValueError(f"backward must be one of {BACKWARDS}; got {backward!r}")
         self.method = method
         self.backward = backward
-        self.solver_options = dict(solver or {})
+        self.solver_options = check_solver_options(solver)
 
     def pairs(self, logits: torch.Tensor, labels: torch.Tensor):
         """Return ``(d [M], w [M])`` -- margins and weights summing to one -- or ``None`` when the
@@ -85,15 +92,17 @@ class PairwiseRampLP(Objective):
     def batch_pairs(self, logits: torch.Tensor, labels: torch.Tensor):
         """``(d, w)`` of the batch, or ``None`` when it has nothing to rank; records the
         degenerate-batch count and the number of pairs."""
-        out = self.pairs(logits, labels)
+        out = self.pairs(lp_logits(logits), labels)
         if out is None:
-            self.record(degenerate_batches=1.0)
+            self.record(degenerate_batches=1.0, empty_batches=1.0)
             return None
         d, w, degenerate = out if len(out) == 3 else (*out, False)
-        self.record(degenerate_batches=float(degenerate), lp_pairs=float(d.numel()))
+        self.record(degenerate_batches=float(degenerate), empty_batches=0.0,
+                    lp_pairs=float(d.numel()))
         return d, w
 
     def forward(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        logits = lp_logits(logits)
         pairs = self.batch_pairs(logits, labels)
         if pairs is None:
             return zero_loss(logits)

@@ -72,13 +72,15 @@ Example::
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from objectives.base import Objective
-from objectives.common import check_labels, solve, solver_stats, zero_loss
+from objectives.common import (check_labels, check_solver_options, finite_positive, lp_logits, solve,
+                               solver_stats, zero_loss)
 from objectives.fractional import SAFEGUARDS, box_bounds, charnes_cooper_lp
 
 PHI = ("softmax", "tanh", "softmax_st", "sign")
@@ -113,7 +115,13 @@ def phi_of_logits(logits: torch.Tensor, phi: str = "softmax") -> torch.Tensor:
 
 
 class RatioLPLoss(Objective):
-    """Base class: subclasses implement :meth:`ratio`; see the module docstring."""
+    """Base class: subclasses implement :meth:`ratio`; see the module docstring.
+
+    Labels are checked as cross-entropy checks them (integers in 0..1, else a ``ValueError``).
+    """
+
+    tasks = ("binary",)
+    min_batch_size = 2
 
     def __init__(self, phi: str = "softmax", safeguard: str = "drop_redundant",
                  backward: str = "active_set", positive_class: int = 1,
@@ -128,10 +136,14 @@ class RatioLPLoss(Objective):
             raise ValueError(f"bound must be one of {tuple(BOUNDS)}; got {bound!r}")
         if not 0 <= margin < 1:
             raise ValueError(f"margin must be in [0, 1) (phi lies in [-1, 1]); got {margin}")
+        if backward not in ("active_set", "unrolled"):
+            raise ValueError(f"backward must be 'active_set' or 'unrolled'; got {backward!r}")
+        if positive_class not in (0, 1):
+            raise ValueError(f"positive_class must be 0 or 1 (binary labels); got {positive_class!r}")
         self.phi, self.safeguard, self.backward, self.bound = phi, safeguard, backward, bound
         self.margin = float(margin)
         self.positive_class = int(positive_class)
-        self.solver_options = dict(solver or {})
+        self.solver_options = check_solver_options(solver)
 
     def ratio(self, y: torch.Tensor) -> dict[str, Any]:
         """``num``, ``den``, ``den0`` (and optionally ``recall_rows``) for labels ``y`` in {0, 1}."""
@@ -153,7 +165,8 @@ class RatioLPLoss(Objective):
         return lp.value(sol.z).mean(), sol
 
     def forward(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        labels = check_labels(logits, labels)
+        logits = lp_logits(logits)
+        labels = check_labels(logits, labels, 2)
         y = (labels == self.positive_class).to(logits.dtype)
         phi = phi_of_logits(logits, self.phi)
         if self.margin:
@@ -167,14 +180,14 @@ class RatioLPLoss(Objective):
         limit = 1.0 if self.safeguard == "none" else 1 - PHI_MARGIN
         phi = phi + (phi.clamp(-limit, limit) - phi).detach()
         if y.sum() == 0:
-            self.record(degenerate_batches=1.0)
+            self.record(degenerate_batches=1.0, empty_batches=1.0)
             return zero_loss(logits)
         # The LP is solved in float64 whatever the network's dtype: a clamped score leaves a box
         # 1e-6 wide, too narrow for float32's active-set test (the gradient of such samples came
         # out halved; test_float32_logits_get_the_float64_gradient).  n ~ batch: cheap.
         phi, y = phi.to(torch.float64), y.to(torch.float64)
         value, sol = self.lp_value(phi, y)
-        self.record(**solver_stats(sol), degenerate_batches=0.0)
+        self.record(**solver_stats(sol), degenerate_batches=0.0, empty_batches=0.0)
         return (-value + self.penalty(phi, y)).to(logits.dtype)
 
     def extra_repr(self) -> str:
@@ -200,9 +213,7 @@ class FBetaLPLoss(RatioLPLoss):
 
     def __init__(self, beta: float = 1.0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        if not beta > 0:
-            raise ValueError(f"beta must be > 0; got {beta}")
-        self.beta = float(beta)
+        self.beta = finite_positive("beta", beta)
 
     def ratio(self, y):
         b2 = self.beta ** 2
@@ -235,6 +246,8 @@ class PrecisionAtRecallLPLoss(RatioLPLoss):
         super().__init__(**kwargs)
         if not 0 <= alpha <= 1:
             raise ValueError(f"alpha (the minimum recall) must be in [0, 1]; got {alpha}")
+        if not (math.isfinite(recall_penalty) and recall_penalty >= 0):
+            raise ValueError(f"recall_penalty must be a finite number >= 0; got {recall_penalty}")
         self.alpha, self.recall_penalty = float(alpha), float(recall_penalty)
 
     def ratio(self, y):
