@@ -28,7 +28,7 @@ from scipy.optimize import linprog
 
 from solver.errors import LPInputError, LPNotConvergedWarning, LPSolverError
 from solver.recover import recover_vertex
-from solver.scipy_ops import is_shared, to_scipy
+from solver.scipy_ops import host_matrix
 
 
 def check_call(prob, backward: str) -> None:
@@ -80,14 +80,11 @@ def _fail(kind, idx, detail):
 def highs_forward(prob, opts, method):
     """Solve every LP of ``prob`` with HiGHS and recover the active set; returns the ``run``
     dict that :func:`solver.solve.solve_lp` turns into an :class:`LPSolution`."""
-    A_shared = to_scipy(prob.A) if is_shared(prob.A) else None
-    E_shared = None if prob.A_eq is None or not is_shared(prob.A_eq) else to_scipy(prob.A_eq)
     xs, uA, uz, uE, nit = [], [], [], [], []
     bad = {}
     for i in range(prob.B):
-        A = A_shared if A_shared is not None else to_scipy(prob.A, i)
-        E = None if prob.A_eq is None else (E_shared if E_shared is not None
-                                            else to_scipy(prob.A_eq, i))
+        A = host_matrix(prob, "A", i)
+        E = None if prob.A_eq is None else host_matrix(prob, "A_eq", i)
         res, kind = _solve_one(prob, i, A, E)
         if res.status != 0:
             bad.setdefault(kind or "not_converged", []).append((i, res.message))

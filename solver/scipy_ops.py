@@ -43,9 +43,15 @@ def to_scipy(op: LinearOperator, i: int = 0, sparse: bool = False):
     return sp.csr_matrix(A) if sparse else A
 
 
-def is_shared(op: LinearOperator) -> bool:
-    """True when every instance of the batch has the same matrix (convert it once)."""
-    return op.batch_size is None
+def host_matrix(prob, name: str, i: int = 0, sparse: bool = False):
+    """``to_scipy(prob.<name>, i)``, cached on the problem (its data are constant during a
+    solve; an unbatched operator is converted once for the whole batch)."""
+    op = getattr(prob, name)
+    key = (name, 0 if op.batch_size is None else i, sparse)
+    cache = prob.__dict__.setdefault("_host_matrices", {})
+    if key not in cache:
+        cache[key] = to_scipy(op, key[1], sparse=sparse)
+    return cache[key]
 
 
 def row_counts(op: LinearOperator) -> torch.Tensor | None:

@@ -32,7 +32,7 @@ import scipy.sparse as sp
 import torch
 from scipy.sparse.linalg import splu
 
-from solver.scipy_ops import to_scipy
+from solver.scipy_ops import host_matrix
 
 # SuperLU options for a symmetric positive (semi)definite matrix
 _LU = dict(permc_spec="MMD_AT_PLUS_A", diag_pivot_thresh=0.0,
@@ -95,9 +95,22 @@ def _pattern(prob, i):
     key = 0 if shared else i
     cache = prob.__dict__.setdefault("_sparse_pattern", {})
     if key not in cache:
-        E = None if prob.A_eq is None else to_scipy(prob.A_eq, key, sparse=True)
-        cache[key] = _Pattern(to_scipy(prob.A, key, sparse=True), E, prob.n)
+        E = None if prob.A_eq is None else host_matrix(prob, "A_eq", key, sparse=True)
+        cache[key] = _Pattern(host_matrix(prob, "A", key, sparse=True), E, prob.n)
     return cache[key]
+
+
+def _assemble(prob, i, wA, wz_delta):
+    """``K`` of instance ``i`` by a row selection and one sparse product: cheaper than
+    building the :class:`_Pattern` when only one or two systems are solved (a recovery from
+    HiGHS's vertex); the Newton iterations build the pattern and their recoveries reuse it."""
+    A = host_matrix(prob, "A", i, sparse=True)
+    Aw = A[wA > 0]
+    K = Aw.T @ Aw + sp.diags(wz_delta)
+    if prob.A_eq is not None:
+        E = host_matrix(prob, "A_eq", i, sparse=True)
+        K = K + E.T @ E
+    return K.tocsc()
 
 
 class SparseFactors:
@@ -109,7 +122,9 @@ class SparseFactors:
         wA = wA.detach().to(device="cpu", dtype=torch.float64).numpy()
         wzd = (wz.detach() + delta.detach().unsqueeze(-1)).to(device="cpu",
                                                               dtype=torch.float64).numpy()
-        self._solvers = [self._factor(_pattern(prob, i).matrix(wA[i], wzd[i]))
+        direct = pinv and "_sparse_pattern" not in prob.__dict__
+        self._solvers = [self._factor(_assemble(prob, i, wA[i], wzd[i]) if direct
+                                      else _pattern(prob, i).matrix(wA[i], wzd[i]))
                          for i in range(prob.B)]
 
     def _factor(self, K):
