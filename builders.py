@@ -39,9 +39,10 @@ def build_model(cfg: DictConfig, bundle) -> nn.Module:
 
 
 def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+    """``auto`` -> cuda when present, else cpu; a device this machine lacks raises
+    :class:`validate.ConfigError` (``device=cuda`` without a GPU) before anything is built."""
+    from validate import check_device
+    return check_device(name)
 
 
 BN_MODES = ("eval", "train")

@@ -2,6 +2,7 @@
 
     python eval.py outputs/2026-11-25/12-00-00_digits_ce               # last.pt on the test split
     python eval.py RUN_DIR --checkpoint best.pt --split val --out /tmp/ev
+    python eval.py RUN_DIR/best.pt                                     # a checkpoint file directly
 
 Writes into the run folder (or ``--out``):
 
@@ -16,6 +17,9 @@ Writes into the run folder (or ``--out``):
 authors' public code does (it never switches to ``eval()``); outputs then carry a ``_bntrain``
 suffix (``eval_test_bntrain.json``) so both readings can sit in one run folder.
 
+A ``last.pt`` that cannot be read falls back to ``last.prev.pt`` (the previous evaluation's
+checkpoint, which ``train.py`` keeps), with a note on stderr.
+
 The model and data are rebuilt from the checkpoint's resolved config (``RUN_DIR/.hydra/config.yaml``
 when the checkpoint has none) with the same builders as ``train.py``. Checkpoints are unpickled
 with ``weights_only=False``: evaluate only runs you trust.
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +38,8 @@ from matplotlib.figure import Figure
 from omegaconf import DictConfig, OmegaConf
 from sklearn.metrics import roc_curve
 
+import runfolder
+from atomic import atomic_write, atomic_write_json
 from builders import build_model, config_from_checkpoint, predict, resolve_device
 from metrics import auc_ova_per_class, evaluate, roc_scores
 
@@ -40,7 +47,8 @@ SPLITS = ("test", "val")
 
 
 def find_checkpoint(run_dir: Path | None, checkpoint: str | Path | None) -> Path:
-    """``checkpoint`` as given, else relative to ``run_dir``; default ``run_dir/last.pt``."""
+    """``checkpoint`` as given, else relative to ``run_dir``; default ``run_dir/last.pt``
+    (``run_dir/last.prev.pt`` when only that one exists)."""
     if checkpoint is not None:
         path = Path(checkpoint)
         if not path.is_file() and run_dir is not None and (run_dir / path).is_file():
@@ -52,13 +60,38 @@ def find_checkpoint(run_dir: Path | None, checkpoint: str | Path | None) -> Path
         raise ValueError("give a run folder or --checkpoint PATH")
     if not run_dir.is_dir():
         raise FileNotFoundError(f"run folder {run_dir} does not exist (train.py prints its path)")
-    path = run_dir / "last.pt"
+    path = run_dir / runfolder.LAST
+    if not path.is_file() and (run_dir / runfolder.PREVIOUS).is_file():
+        return run_dir / runfolder.PREVIOUS
     if not path.is_file():
         found = sorted(p.name for p in run_dir.glob("*.pt"))
         raise FileNotFoundError(f"no last.pt in {run_dir} (checkpoints there: {found or 'none'}); "
                                 "the run may not have reached its first evaluation: "
                                 "pass --checkpoint PATH")
     return path
+
+
+def open_checkpoint(run_dir: Path | None, checkpoint: str | Path | None) -> tuple[Path, dict]:
+    """``(path, checkpoint dict)``.  A ``run_dir`` that is a file is taken as the checkpoint
+    (``python eval.py RUN/last.pt``).  The default ``last.pt`` falls back to ``last.prev.pt``
+    (with a note on stderr) when it cannot be read; a damaged checkpoint named explicitly raises
+    :class:`runfolder.CheckpointError` naming it."""
+    if checkpoint is None and run_dir is not None and run_dir.is_file():
+        run_dir, checkpoint = run_dir.parent, run_dir
+    path = find_checkpoint(run_dir, checkpoint)
+    if checkpoint is None and path.parent == run_dir:
+        ckpt, path, note = runfolder.load_checkpoint(run_dir, required=("model",))
+        if note:
+            print(f"eval.py: {note}", file=sys.stderr)
+        return path, ckpt
+    try:
+        return path, runfolder.read_checkpoint(path, "cpu", ("model",))
+    except Exception as err:
+        previous = path.parent / runfolder.PREVIOUS
+        hint = f"; evaluate the previous one instead: --checkpoint {previous}" \
+            if previous.is_file() and previous != path else ""
+        raise runfolder.CheckpointError(f"checkpoint {path} is damaged ({type(err).__name__}: "
+                                        f"{str(err).splitlines()[0][:200]}){hint}") from err
 
 
 def load_config(ckpt: dict, run_dir: Path | None) -> DictConfig:
@@ -107,8 +140,9 @@ def evaluate_run(run_dir: str | Path | None, checkpoint: str | Path | None = Non
     from data import build_data  # heavy (torchvision sources); only needed here
 
     run_dir = Path(run_dir) if run_dir is not None else None
-    ckpt_path = find_checkpoint(run_dir, checkpoint)
-    ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+    ckpt_path, ckpt = open_checkpoint(run_dir, checkpoint)
+    if run_dir is not None and run_dir.is_file():
+        run_dir = run_dir.parent
     cfg = load_config(ckpt, run_dir)
     bundle = build_data(cfg.dataset, seed=cfg.seed)
     dev = resolve_device(device)
@@ -128,10 +162,11 @@ def evaluate_run(run_dir: str | Path | None, checkpoint: str | Path | None = Non
     out = Path(out_dir) if out_dir is not None else (run_dir or ckpt_path.parent)
     out.mkdir(parents=True, exist_ok=True)
     tag = split if bn_mode == "eval" else f"{split}_bntrain"
-    (out / f"eval_{tag}.json").write_text(json.dumps(record, indent=2) + "\n")
+    atomic_write_json(out / f"eval_{tag}.json", record)
     curves = roc_curves(labels, logits, bundle.task)
-    np.savez(out / f"roc_{tag}.npz", **{f"{a}_{name}": arr for name, (fpr, tpr) in curves.items()
-                                          for a, arr in (("fpr", fpr), ("tpr", tpr))})
+    arrays = {f"{a}_{name}": arr for name, (fpr, tpr) in curves.items()
+              for a, arr in (("fpr", fpr), ("tpr", tpr))}
+    atomic_write(out / f"roc_{tag}.npz", lambda f: np.savez(f, **arrays))
     for name, (fpr, tpr) in curves.items():
         stem = f"roc_{tag}" if bundle.task == "binary" else f"roc_{tag}_{name}"
         title = f"{bundle.name} {split}" + ("" if bundle.task == "binary" else f": {name} vs rest")

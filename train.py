@@ -5,39 +5,64 @@ their updates). Every component comes from the config through ``_target_``; obje
 with ``loss = objective(logits, labels)`` plus the optional hooks of :class:`objectives.base.Objective`,
 so this file never branches on which objective runs.
 
-Writes into Hydra's run folder: ``metrics.csv`` (one row per evaluation), ``results.json``
-(final and best-val metrics, split statistics, step timings, resolved config), ``last.pt``
-(checkpoint at every evaluation; ``resume=true`` continues from it) and ``best.pt`` (weights of
-the best validation evaluation).
+Writes into Hydra's run folder (:mod:`runfolder`; every file atomically, so a killed run never
+leaves a half-written one): ``metrics.csv`` (one row per evaluation), ``results.json`` (final and
+best-val metrics, split statistics, step timings, degenerate-batch fraction, launches, portable
+config), ``last.pt`` (checkpoint at every evaluation, the previous one kept as ``last.prev.pt``;
+``resume=true`` continues from it if the config matches, ``resume=force`` even if not) and
+``best.pt`` (weights of the best validation evaluation).
+
+Bad input stops early with a message naming the key, the value and a fix (:mod:`validate`), and
+:func:`main` reports these errors without a traceback. During training a non-finite score or loss
+stops with :class:`NonFiniteLossError` (step, batch summary, lr hint) before the objective's
+solver sees it; an evaluation interval whose batches were all empty for the objective (nothing to
+compare: a zero loss) stops with :class:`DegenerateBatchesError`, and more than 10 % degenerate
+batches warn.
 """
 from __future__ import annotations
 
-import json
 import math
 import random
 import statistics
 import time
+import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import hydra
 import numpy as np
 import torch
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import CompactHydraException, InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 import metrics
+import runfolder
 from builders import build_model, instantiate_runtime, predict, resolve_device, runtime_values
 from data import build_data
+from data.errors import DamagedDatasetError, DatasetNotFoundError, SplitError
+from guards import (DegenerateBatchesError, DegenerateBatchesWarning, NonFiniteLossError,  # noqa: F401
+                    check_degenerate, degenerate_summary, nonfinite_message)
+from validate import ConfigError, validate
 
 PRIMARY_METRIC = {"binary": "auc", "multiclass": "auc_mu"}
 TIMED_PHASES = ("data", "forward", "loss", "backward", "optimizer")
 
 
-class NonFiniteLossError(FloatingPointError):
-    """The loss became NaN/inf; the message holds the step and the batch statistics."""
+class CheckpointFallbackWarning(UserWarning):
+    """``last.pt`` could not be read; the run resumed from ``last.prev.pt``."""
+
+
+class RunError(CompactHydraException):
+    """A user error (bad config, missing or damaged data, refused resume, divergence): Hydra
+    prints its message alone, without a traceback (``HYDRA_FULL_ERROR=1`` shows it)."""
+
+
+USER_ERRORS = (ConfigError, runfolder.ResumeConfigError, runfolder.CheckpointError,
+               DatasetNotFoundError, DamagedDatasetError, SplitError, NonFiniteLossError,
+               DegenerateBatchesError)
 
 
 def seed_everything(seed: int) -> None:
@@ -80,27 +105,6 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def batch_summary(x: torch.Tensor, y: torch.Tensor, logits: torch.Tensor) -> str:
-    counts = torch.bincount(y.flatten().cpu(), minlength=2).tolist()
-    finite = torch.isfinite(logits)
-    return (f"labels per class {counts}; inputs mean {x.float().mean():.4g} std {x.float().std():.4g}; "
-            f"logits finite {int(finite.sum())}/{logits.numel()}, "
-            f"range [{logits[finite].min() if finite.any() else float('nan'):.4g}, "
-            f"{logits[finite].max() if finite.any() else float('nan'):.4g}]")
-
-
-def write_metrics_csv(rows: list[dict[str, Any]], path: Path) -> None:
-    import csv
-
-    keys: list[str] = []
-    for row in rows:
-        keys += [k for k in row if k not in keys]
-    with open(path, "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=keys)
-        writer.writeheader()
-        writer.writerows(rows)
-
-
 class Timer:
     """Per-phase wall time of one step (synchronising CUDA so the split is honest)."""
 
@@ -138,35 +142,62 @@ def init_weights(model: torch.nn.Module, path: Path, device: torch.device) -> No
     model.load_state_dict(state["model"] if "model" in state else state)
 
 
+def built(key: str, cfg: DictConfig, make: Callable[[], Any]) -> Any:
+    """``make()``, turning Hydra's wrapped constructor error into a :class:`ConfigError` naming
+    the config group (``objective.epsilon=inf`` -> "objective could not be built ...")."""
+    try:
+        return make()
+    except InstantiationException as err:
+        cause = err.__cause__ if err.__cause__ is not None else err
+        target = OmegaConf.select(cfg, f"{key}._target_")
+        raise ConfigError(f"{key} could not be built from the config ({key}._target_={target}): "
+                          f"{type(cause).__name__}: {cause}") from err
+
+
+def resume_from(cfg: DictConfig, run_dir: Path, resolved: dict, device) -> tuple[dict, dict]:
+    """The checkpoint to continue from and this launch's record; refuses a differing config."""
+    ckpt, path, note = runfolder.load_checkpoint(run_dir, map_location=device)
+    diffs = runfolder.config_differences(ckpt["config"], resolved)
+    runfolder.restore_hydra_files(run_dir, ckpt.get("hydra_files") or {}, ckpt["step"])
+    if diffs and cfg.resume != "force":
+        raise runfolder.ResumeConfigError(runfolder.resume_mismatch_message(run_dir, diffs))
+    if note:
+        warnings.warn(note, CheckpointFallbackWarning, stacklevel=2)
+    launch = {"start_step": ckpt["step"], "resume": cfg.resume, "checkpoint": path.name,
+              "fallback": note or None, "forced_differences": diffs or None}
+    return ckpt, launch
+
+
 def train(cfg: DictConfig, run_dir: Path, choices: dict[str, str] | None = None) -> dict[str, Any]:
     """Run one training job into ``run_dir``; returns the content of ``results.json``.
 
     ``choices`` (Hydra's ``runtime.choices``, e.g. ``{"objective": "auc_lp"}``) is recorded so
     that scripts can group runs by the option names users typed.
     """
-    run_dir.mkdir(parents=True, exist_ok=True)
+    validate(cfg)  # before any data or model is built: bad keys fail in a second, not a minute
     device = resolve_device(cfg.device)
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    runfolder.remove_stray_temporaries(run_dir)   # left by a writer that was killed
+    ckpt, launch = resume_from(cfg, run_dir, resolved, device) if cfg.resume else \
+        (None, {"start_step": 0, "resume": cfg.resume})
     seed_everything(cfg.seed)
     bundle = build_data(cfg.dataset, seed=cfg.seed)
+    validate(cfg, bundle)
     runtime = runtime_values(bundle)
-    model = build_model(cfg, bundle).to(device)
+    model = built("model", cfg, lambda: build_model(cfg, bundle)).to(device)
     if cfg.trainer.get("init_from") and not cfg.resume:   # a resumed run has its own weights
         init_weights(model, Path(cfg.trainer.init_from), device)
-    objective = instantiate_runtime(cfg.objective, **runtime).to(device)
+    objective = built("objective", cfg, lambda: instantiate_runtime(cfg.objective, **runtime)).to(device)
     param_groups = [{"params": list(model.parameters())}] + objective.extra_param_groups()
-    optimizer = instantiate(cfg.optimizer, _partial_=True)(params=param_groups)
+    optimizer = built("optimizer", cfg, lambda: instantiate(cfg.optimizer, _partial_=True)(params=param_groups))
     scheduler = torch.optim.lr_scheduler.MultiStepLR(
         optimizer, milestones=list(cfg.scheduler.milestones), gamma=cfg.scheduler.gamma)
-    resolved = OmegaConf.to_container(cfg, resolve=True)
     primary = PRIMARY_METRIC[bundle.task]
 
     step, rows, best, timer = 0, [], None, Timer(device)
-    last_path = run_dir / "last.pt"
-    if cfg.resume:
-        if not last_path.exists():
-            raise FileNotFoundError(f"resume=true but {last_path} does not exist; point the run "
-                                    "folder at the interrupted run: hydra.run.dir=<that folder>")
-        ckpt = torch.load(last_path, map_location=device, weights_only=False)
+    hydra_files, launches, ckpt_step = runfolder.hydra_files(run_dir), [], None
+    if ckpt is not None:
         model.load_state_dict(ckpt["model"])
         objective.load_state_dict(ckpt["objective"])
         optimizer.load_state_dict(ckpt["optimizer"])
@@ -174,6 +205,14 @@ def train(cfg: DictConfig, run_dir: Path, choices: dict[str, str] | None = None)
         step, rows, best = ckpt["step"], ckpt["rows"], ckpt["best"]
         timer.samples = ckpt["timings"]
         set_rng_state(ckpt["rng"])
+        hydra_files = ckpt.get("hydra_files") or hydra_files
+        launches, ckpt_step = list(ckpt.get("launches", [])), step
+    launches.append(launch)
+
+    def diverged(what: str) -> NonFiniteLossError:
+        return NonFiniteLossError(nonfinite_message(
+            what, step + 1, x, y, logits, optimizer.param_groups[0]["lr"], run_dir, ckpt_step,
+            cfg.trainer.eval_every))
 
     logger = instantiate(cfg.logger, _partial_=True)(run_dir=str(run_dir), config=resolved)
     try:
@@ -189,13 +228,14 @@ def train(cfg: DictConfig, run_dir: Path, choices: dict[str, str] | None = None)
             timer.lap("data")
             logits = model(x)
             timer.lap("forward")
+            finite = torch.isfinite(logits)
+            if not finite.all():   # before any objective (or its LP solver) sees them
+                raise diverged(f"scores are non-finite ({int((~finite).sum())} of {logits.numel()} "
+                               "NaN/inf)")
             loss = objective(logits, y)
             timer.lap("loss")
             if not torch.isfinite(loss):
-                raise NonFiniteLossError(
-                    f"loss is {loss.item()} at step {step + 1}; {batch_summary(x, y, logits)}. "
-                    f"The last good checkpoint is kept at {last_path}. Try a smaller optimizer.lr "
-                    "or trainer.max_grad_norm=5.")
+                raise diverged(f"loss is {loss.item()}")
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if cfg.trainer.max_grad_norm:
@@ -216,34 +256,41 @@ def train(cfg: DictConfig, run_dir: Path, choices: dict[str, str] | None = None)
                 for split in ("val", "test"):
                     row.update({f"{split}_{k}": v for k, v in evaluate(model, bundle, split, cfg, device).items()})
                 row.update(objective.pop_stats())
+                check_degenerate(row, (rows[-1]["step"] if rows else 0) + 1, cfg,
+                                 bundle.stats["train"]["class_counts"])
                 rows.append(row)
                 losses = []
                 logger.log(row, step=step)
-                write_metrics_csv(rows, run_dir / "metrics.csv")
+                # order: metrics, best, last; a kill between them replays the interval on resume
+                runfolder.write_metrics_csv(rows, run_dir / runfolder.METRICS)
                 if best is None or row[f"val_{primary}"] > best[f"val_{primary}"]:
                     best = dict(row)
-                    torch.save({"step": step, "model": model.state_dict(), "config": resolved},
-                               run_dir / "best.pt")
-                torch.save({"step": step, "model": model.state_dict(), "objective": objective.state_dict(),
-                            "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                            "rows": rows, "best": best, "timings": timer.samples, "rng": rng_state(),
-                            "config": resolved}, last_path)
+                    runfolder.save_best({"step": step, "model": model.state_dict(), "config": resolved},
+                                        run_dir)
+                runfolder.save_checkpoint(
+                    {"step": step, "model": model.state_dict(), "objective": objective.state_dict(),
+                     "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                     "rows": rows, "best": best, "timings": timer.samples, "rng": rng_state(),
+                     "config": resolved, "launches": launches, "hydra_files": hydra_files}, run_dir)
+                ckpt_step = step
                 bar.write(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                                    for k, v in row.items()))
         bar.close()
-        final = rows[-1]
         results = {
             "primary_metric": primary,
-            "final": final,
+            "final": rows[-1],
             "best_val": best,
             "splits": bundle.stats,
+            "degenerate_batches": degenerate_summary(rows),
             "timing_ms_median": timer.medians_ms(),
             "device": str(device),
             "choices": dict(choices or {}),
-            "config": resolved,
+            "launches": launches,
+            "resume_forced": any(la.get("forced_differences") for la in launches),
+            "config": runfolder.portable_config(cfg, run_dir),
         }
-        (run_dir / "results.json").write_text(json.dumps(results, indent=2, default=float))
-        logger.summary({f"final/{k}": v for k, v in final.items()})
+        runfolder.write_results(results, run_dir)
+        logger.summary({f"final/{k}": v for k, v in rows[-1].items()})
         return results
     finally:
         logger.finish()
@@ -251,10 +298,16 @@ def train(cfg: DictConfig, run_dir: Path, choices: dict[str, str] | None = None)
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="config")
 def main(cfg: DictConfig) -> float:
-    """Hydra entry point; returns the final validation metric so sweepers can optimise it."""
+    """Hydra entry point; returns the final validation metric so sweepers can optimise it.
+
+    User errors (:data:`USER_ERRORS`) reach Hydra as :class:`RunError`, which it prints as one
+    message without a traceback."""
     hydra_cfg = HydraConfig.get()
     choices = {k: v for k, v in hydra_cfg.runtime.choices.items() if not k.startswith("hydra")}
-    results = train(cfg, Path(hydra_cfg.runtime.output_dir), choices=choices)
+    try:
+        results = train(cfg, Path(hydra_cfg.runtime.output_dir), choices=choices)
+    except USER_ERRORS as err:
+        raise RunError(f"{type(err).__name__}: {err}") from err
     return float(results["final"][f"val_{results['primary_metric']}"])
 
 

@@ -70,8 +70,9 @@ def test_init_from_starts_from_another_runs_weights(compose_cfg, tmp_path):
         if value.is_floating_point() and "running" not in key:
             assert torch.equal(after["model"][key], value), key
     assert after["step"] == 1
-    with pytest.raises(FileNotFoundError, match="init_from"):
+    with pytest.raises(train.ConfigError, match=r"trainer.init_from=/nonexistent/last.pt does not exist"):
         train.train(compose_cfg([*SHORT, "trainer.init_from=/nonexistent/last.pt"]), tmp_path / "x")
+    assert not (tmp_path / "x").exists()   # refused before anything was built or written
 
 
 class ExplodingLoss(Objective):

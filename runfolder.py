@@ -1,0 +1,223 @@
+"""What a run folder holds, written so that a killed run never loses it and a resume never mixes
+two configs.
+
+Files (all written by :mod:`atomic`: temporary file in the folder, fsync, rename):
+
+* ``last.pt`` -- the full training state at the latest evaluation; the one before it is kept as
+  ``last.prev.pt``. :func:`load_checkpoint` falls back to ``last.prev.pt`` (and says so) when
+  ``last.pt`` is missing or cannot be read.
+* ``best.pt`` -- model weights of the best validation evaluation.
+* ``metrics.csv`` -- one row per evaluation; ``results.json`` -- the final record.
+
+A resume compares the checkpoint's config with the new one (:func:`config_differences`): keys
+outside :data:`ALLOWED_ON_RESUME` must not change (``resume=force`` overrides; the trainer then
+records the differences in ``results.json``).  Hydra rewrites ``.hydra/`` at every launch, so
+:func:`restore_hydra_files` puts the run's original files back and keeps the resumed launch's as
+``<name>.resume-step<N>.yaml``.
+
+``results.json`` stores the config portably (:func:`portable_config`): a path the config spelled
+as an interpolation (``${oc.env:DATA_ROOT,...}``) is kept as spelled, any other absolute path is
+made relative to the run folder, so committed run folders name no machine's paths.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from atomic import atomic_torch_save, atomic_write_json, atomic_write_text
+
+LAST, PREVIOUS, BEST = "last.pt", "last.prev.pt", "best.pt"
+METRICS, RESULTS = "metrics.csv", "results.json"
+TRAIN_STATE = ("step", "model", "objective", "optimizer", "scheduler", "rows", "best", "rng", "config")
+HYDRA_FILES = ("config.yaml", "overrides.yaml", "hydra.yaml")
+
+#: Config keys a resume may change (``key`` or any key below it).  Everything else must match
+#: the checkpoint's config: extending ``trainer.max_steps`` continues the same run; a new lr,
+#: objective or seed would silently splice two experiments into one ``metrics.csv``.
+ALLOWED_ON_RESUME = (
+    "resume",                     # false in the checkpoint, true / force now
+    "trainer.max_steps",          # extend a run
+    "trainer.eval_every",         # evaluate more or less often (no effect on the trajectory)
+    "trainer.log_every", "trainer.eval_batch_size",
+    "trainer.init_from",          # ignored on resume (the run has its own weights)
+    "logger",                     # where rows are mirrored
+    "device",                     # same run on another card (bit-identity then not guaranteed)
+    "dataset.root", "dataset.cache_dir", "dataset.download",   # where the same data lives
+)
+
+
+class CheckpointError(FileNotFoundError):
+    """No usable checkpoint: the message names each file tried and why it was rejected."""
+
+
+class ResumeConfigError(ValueError):
+    """``resume=true`` with a config that differs from the checkpoint's (outside the allow-list)."""
+
+
+# ---- checkpoints ---------------------------------------------------------------------------------
+
+def save_checkpoint(state: Mapping[str, Any], run_dir: Path) -> None:
+    """``last.pt`` atomically; the checkpoint it replaces stays as ``last.prev.pt``."""
+    atomic_torch_save(dict(state), run_dir / LAST, keep_previous=run_dir / PREVIOUS)
+
+
+def save_best(state: Mapping[str, Any], run_dir: Path) -> None:
+    atomic_torch_save(dict(state), run_dir / BEST)
+
+
+def read_checkpoint(path: Path, map_location: Any = "cpu",
+                    required: tuple[str, ...] = TRAIN_STATE) -> dict:
+    """``torch.load`` a checkpoint and check it holds the ``required`` keys."""
+    ckpt = torch.load(path, map_location=map_location, weights_only=False)
+    if not isinstance(ckpt, dict):
+        raise ValueError(f"holds a {type(ckpt).__name__}, not a checkpoint dict")
+    missing = [k for k in required if k not in ckpt]
+    if missing:
+        raise KeyError(f"lacks {missing}")
+    return ckpt
+
+
+def load_checkpoint(run_dir: Path, map_location: Any = "cpu",
+                    required: tuple[str, ...] = TRAIN_STATE) -> tuple[dict, Path, str]:
+    """``(checkpoint, path, note)`` of the newest usable checkpoint of ``run_dir``.
+
+    Tries ``last.pt`` then ``last.prev.pt``; ``note`` is empty for ``last.pt`` and otherwise says
+    why ``last.pt`` was passed over and which step the run goes back to.
+
+    Raises:
+        CheckpointError: neither file exists or can be read (the message says what to do).
+    """
+    tried = []
+    for name in (LAST, PREVIOUS):
+        path = run_dir / name
+        if not path.is_file():
+            tried.append(f"{path} does not exist")
+            continue
+        try:
+            ckpt = read_checkpoint(path, map_location, required)
+        except Exception as err:  # truncated zip, unpickling error, a foreign file, ...
+            tried.append(f"{path} is damaged ({type(err).__name__}: {str(err).splitlines()[0][:200]})")
+            continue
+        note = "" if name == LAST else (
+            f"{tried[0]}; using the previous checkpoint {path} (step {ckpt.get('step')}) instead: "
+            "the steps after it are trained again")
+        return ckpt, path, note
+    if all(t.endswith("does not exist") for t in tried):
+        raise CheckpointError(f"no checkpoint in {run_dir} ({LAST} does not exist): the run never "
+                              "reached its first evaluation, or this is not its folder. To resume, "
+                              "point the run folder at the interrupted run: hydra.run.dir=<that "
+                              "folder>; to start afresh, drop resume=true")
+    raise CheckpointError(f"no usable checkpoint in {run_dir}: " + "; ".join(tried) +
+                          ". Start afresh (resume=false, or a new hydra.run.dir)")
+
+
+def remove_stray_temporaries(run_dir: Path) -> list[str]:
+    """Delete the temporary files a killed writer left (``.last.pt.<random>.tmp``, ...): nothing
+    reads them, and each is up to a checkpoint in size.  Returns their names."""
+    names = (LAST, PREVIOUS, BEST, METRICS, RESULTS)
+    stray = [p for name in names for p in run_dir.glob(f".{name}.*.tmp")]
+    for path in stray:
+        path.unlink(missing_ok=True)
+    return sorted(p.name for p in stray)
+
+
+# ---- resume: the same config -----------------------------------------------------------------
+
+def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(tree, Mapping):
+        out: dict[str, Any] = {}
+        for key, value in tree.items():
+            out.update(_flatten(value, f"{prefix}{key}."))
+        return out or {prefix[:-1]: {}}
+    return {prefix[:-1]: tree}
+
+
+def _allowed(key: str, allowed: tuple[str, ...]) -> bool:
+    return any(key == a or key.startswith(a + ".") for a in allowed)
+
+
+_ABSENT = "<absent>"
+
+
+def config_differences(old: Mapping, new: Mapping,
+                       allowed: tuple[str, ...] = ALLOWED_ON_RESUME) -> dict[str, list]:
+    """``{key: [checkpoint value, new value]}`` for every leaf that differs outside ``allowed``."""
+    a, b = _flatten(old), _flatten(new)
+    return {k: [a.get(k, _ABSENT), b.get(k, _ABSENT)] for k in sorted(set(a) | set(b))
+            if a.get(k, _ABSENT) != b.get(k, _ABSENT) and not _allowed(k, allowed)}
+
+
+def resume_mismatch_message(run_dir: Path, diffs: Mapping[str, list]) -> str:
+    listing = "; ".join(f"{k}: {old!r} in the checkpoint, {new!r} now" for k, (old, new) in diffs.items())
+    return (f"resume=true would continue the run in {run_dir} with a different config ({listing}). "
+            "Resume with the run's own settings (drop those overrides), start a new run folder, "
+            "or pass resume=force to continue anyway (recorded in results.json). Keys a resume "
+            f"may change: {', '.join(ALLOWED_ON_RESUME)}")
+
+
+def hydra_files(run_dir: Path) -> dict[str, str]:
+    """The text of ``run_dir/.hydra/{config,overrides,hydra}.yaml`` (those that exist)."""
+    folder = run_dir / ".hydra"
+    return {n: (folder / n).read_text() for n in HYDRA_FILES if (folder / n).is_file()}
+
+
+def restore_hydra_files(run_dir: Path, original: Mapping[str, str], step: int) -> None:
+    """Put the run's original ``.hydra`` files back (Hydra overwrote them at this launch) and keep
+    this launch's as ``<name>.resume-step<step>.yaml``."""
+    folder = run_dir / ".hydra"
+    current = hydra_files(run_dir)
+    for name, text in original.items():
+        if current.get(name, text) != text:
+            atomic_write_text(folder / f"{Path(name).stem}.resume-step{step}.yaml", current[name])
+            atomic_write_text(folder / name, text)
+
+
+# ---- records -----------------------------------------------------------------------------------
+
+def write_metrics_csv(rows: list[dict[str, Any]], path: Path) -> None:
+    """One row per evaluation; columns in order of first appearance."""
+    keys: list[str] = []
+    for row in rows:
+        keys += [k for k in row if k not in keys]
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=keys)
+    writer.writeheader()
+    writer.writerows(rows)
+    atomic_write_text(path, buf.getvalue())
+
+
+def write_results(results: Mapping[str, Any], run_dir: Path) -> None:
+    atomic_write_json(run_dir / RESULTS, results)
+
+
+def _is_absolute(value: str) -> bool:
+    return os.path.isabs(value) or value.startswith("~")
+
+
+def portable_config(cfg: DictConfig, run_dir: Path) -> dict:
+    """The resolved config, with absolute paths kept as the config spelled them (an
+    interpolation such as ``${oc.env:DATA_ROOT,...}``) or else made relative to ``run_dir``."""
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    raw = OmegaConf.to_container(cfg, resolve=False)
+    base = Path(run_dir).absolute()
+
+    def walk(value: Any, spelled: Any) -> Any:
+        if isinstance(value, dict):
+            spelled = spelled if isinstance(spelled, dict) else {}
+            return {k: walk(v, spelled.get(k)) for k, v in value.items()}
+        if isinstance(value, list):
+            spelled = spelled if isinstance(spelled, list) and len(spelled) == len(value) else [None] * len(value)
+            return [walk(v, s) for v, s in zip(value, spelled)]
+        if isinstance(value, str) and _is_absolute(value):
+            if isinstance(spelled, str) and "${" in spelled:
+                return spelled
+            return os.path.relpath(os.path.expanduser(value), base)
+        return value
+
+    return walk(resolved, raw)
