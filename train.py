@@ -22,6 +22,7 @@ batches warn.
 from __future__ import annotations
 
 import math
+import os
 import random
 import statistics
 import time
@@ -164,7 +165,9 @@ def resume_from(cfg: DictConfig, run_dir: Path, resolved: dict, device) -> tuple
     if note:
         warnings.warn(note, CheckpointFallbackWarning, stacklevel=2)
     launch = {"start_step": ckpt["step"], "resume": cfg.resume, "checkpoint": path.name,
-              "fallback": note or None, "forced_differences": diffs or None}
+              # results.json stays portable: the note without the run folder's absolute path
+              "fallback": note.replace(f"{run_dir}{os.sep}", "") or None,
+              "forced_differences": diffs or None}
     return ckpt, launch
 
 

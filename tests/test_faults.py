@@ -242,6 +242,8 @@ def test_damaged_last_pt_falls_back_to_the_previous_checkpoint(compose_cfg, tmp_
                             r"checkpoint .*last.prev.pt \(step 10\) instead: the steps after it are trained again"):
         resumed = train.train(compose_cfg([*cfg, "resume=true"]), tmp_path / "cut")
     assert resumed["launches"][-1]["checkpoint"] == "last.prev.pt"
+    assert resumed["launches"][-1]["fallback"].startswith("last.pt is damaged (RuntimeError")
+    assert str(tmp_path) not in (tmp_path / "cut" / "results.json").read_text()   # portable
     assert_same_run(tmp_path / "full", tmp_path / "cut")
 
 
