@@ -155,6 +155,8 @@ def config_differences(old: Mapping, new: Mapping,
 
 def resume_mismatch_message(run_dir: Path, diffs: Mapping[str, list]) -> str:
     listing = "; ".join(f"{k}: {old!r} in the checkpoint, {new!r} now" for k, (old, new) in diffs.items())
+    if any(_ABSENT in pair for pair in diffs.values()):
+        listing += f" ({_ABSENT!r}: the key did not exist in that config)"
     return (f"resume=true would continue the run in {run_dir} with a different config ({listing}). "
             "Resume with the run's own settings (drop those overrides), start a new run folder, "
             "or pass resume=force to continue anyway (recorded in results.json). Keys a resume "

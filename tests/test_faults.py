@@ -200,6 +200,19 @@ def test_resume_with_a_different_config_is_refused(compose_cfg, tmp_path, change
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before   # nothing touched
 
 
+def test_config_differences_respect_the_allow_list_and_name_new_keys():
+    old = {"seed": 0, "resume": False, "trainer": {"max_steps": 10, "eval_bn": "eval"},
+           "logger": {"_target_": "loggers.CSVLogger"}, "dataset": {"root": "/a", "neg_keep": 0.1}}
+    new = {"seed": 0, "resume": True, "trainer": {"max_steps": 20, "eval_bn": "train", "new": 1},
+           "logger": {"_target_": "loggers.WandbLogger", "mode": "offline"},
+           "dataset": {"root": "/b", "neg_keep": 0.2}}
+    diffs = runfolder.config_differences(old, new)
+    assert diffs == {"dataset.neg_keep": [0.1, 0.2], "trainer.eval_bn": ["eval", "train"],
+                     "trainer.new": ["<absent>", 1]}
+    assert "('<absent>': the key did not exist in that config)" in \
+        runfolder.resume_mismatch_message(Path("run"), diffs)
+
+
 def test_resume_force_continues_and_is_recorded(compose_cfg, tmp_path):
     train.train(compose_cfg([*SHORT, "trainer.max_steps=10"]), tmp_path)
     results = train.train(compose_cfg([*SHORT, "resume=force", "optimizer.lr=0.05"]), tmp_path)
