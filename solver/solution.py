@@ -19,7 +19,9 @@ class LPSolution:
         stats: plain-Python diagnostics, worst case over the batch: ``iterations`` (Newton,
             all eps stages), ``converged``, ``kkt_residual``, ``primal_infeasibility``,
             ``dual_residual``, ``duality_gap``, ``active_count`` (mean active rows + bounds),
-            ``eps``, ``eps_steps``, ``linear_solver``, ``cg_iterations``, ``seconds``.
+            ``eps``, ``eps_steps``, ``linear_solver`` (``cholesky`` | ``diagonal`` | ``cg`` | ``sparse``),
+            ``cg_iterations``, ``seconds``, ``forward`` (``newton`` | ``highs``; with ``highs``,
+            ``iterations`` counts HiGHS's simplex iterations and ``eps`` is 0).
         instance_stats: the same per LP, tensors of the batch shape.
         dual_eq: ``[..., p]`` multipliers of the equalities (or ``None``).
         dual_bounds: ``[..., n]`` multipliers of ``z >= 0``.
