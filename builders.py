@@ -14,7 +14,7 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, Subset
 
 
 def instantiate_runtime(cfg: DictConfig, **runtime: Any) -> Any:
@@ -55,9 +55,12 @@ def predict(model: nn.Module, dataset: Dataset, *, batch_size: int = 512,
 
     ``bn_mode="eval"`` (default): the model in ``eval()``, BatchNorm uses its running statistics.
     ``bn_mode="train"``: BatchNorm layers normalise each evaluation batch by its own statistics,
-    as the authors' public code evaluates (it never calls ``model.eval()``); the result then
-    depends on ``batch_size`` and the split's order. A copy of the model runs, so the running
-    statistics of ``model`` are left untouched.
+    as the authors' public code evaluates (it never calls ``model.eval()``). The result then
+    depends on ``batch_size`` and on which samples share a batch: our splits are stored sorted by
+    label, which would give one-class batches, so the batches are taken in a fixed shuffled order
+    (seed 0; the authors' test set is in CIFAR's original, class-mixed order) and the outputs are
+    returned in split order. A copy of the model runs, so the running statistics of ``model`` are
+    left untouched.
     """
     if bn_mode not in BN_MODES:
         raise ValueError(f"bn_mode must be one of {BN_MODES}, got {bn_mode!r} "
@@ -71,12 +74,16 @@ def predict(model: nn.Module, dataset: Dataset, *, batch_size: int = 512,
     was_training = model.training
     if net is model:
         model.eval()
+    order = torch.arange(len(dataset))
+    if bn_mode == "train":
+        order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(0))
     logits, labels = [], []
-    for x, y in DataLoader(dataset, batch_size=batch_size, shuffle=False):
+    for x, y in DataLoader(Subset(dataset, order.tolist()), batch_size=batch_size, shuffle=False):
         logits.append(net(x.to(device)).float().cpu())
         labels.append(y)
     model.train(was_training)
-    return torch.cat(logits).numpy(), torch.cat(labels).numpy()
+    back = torch.argsort(order)
+    return torch.cat(logits)[back].numpy(), torch.cat(labels)[back].numpy()
 
 
 def config_from_checkpoint(checkpoint: dict) -> DictConfig:

@@ -127,8 +127,9 @@ def test_missing_checkpoint_is_actionable(tmp_path):
 
 
 def test_predict_bn_train_mode_uses_batch_statistics_and_leaves_model_untouched():
-    """bn_mode="train" (the authors' evaluation) equals normalising each eval batch by its own
-    mean/var (a hand-written BatchNorm), and changes neither the running stats nor the mode."""
+    """bn_mode="train" (the authors' evaluation) equals normalising each eval batch (in a fixed
+    shuffled order, outputs back in split order) by its own mean/var (a hand-written BatchNorm),
+    and changes neither the running stats nor the mode."""
     from torch.utils.data import TensorDataset
 
     from builders import predict
@@ -145,12 +146,13 @@ def test_predict_bn_train_mode_uses_batch_statistics_and_leaves_model_untouched(
     out_train, labels = predict(net, ds, batch_size=16, bn_mode="train")
     assert net.training and all(torch.equal(v, net.state_dict()[k]) for k, v in before.items())
     lin1, bn, lin2 = net
-    expected = []
-    for xb in x.split(16):
-        h = lin1(xb)
+    order = torch.randperm(40, generator=torch.Generator().manual_seed(0))  # class-mixed batches
+    expected = torch.empty(40, 2)
+    for idx in order.split(16):
+        h = lin1(x[idx])
         h = (h - h.mean(0)) / torch.sqrt(h.var(0, unbiased=False) + bn.eps) * bn.weight + bn.bias
-        expected.append(lin2(h))
-    np.testing.assert_allclose(out_train, torch.cat(expected).detach().numpy(), rtol=1e-5, atol=1e-5)
+        expected[idx] = lin2(h).detach()
+    np.testing.assert_allclose(out_train, expected.numpy(), rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(labels, y.numpy())
     assert np.abs(out_eval - out_train).max() > 0.1    # the two modes really differ here
     with pytest.raises(ValueError, match="bn_mode must be one of"):
