@@ -14,7 +14,7 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
-from torch.utils.data import DataLoader, Dataset, Subset
+from torch.utils.data import DataLoader, Dataset
 
 
 def instantiate_runtime(cfg: DictConfig, **runtime: Any) -> Any:
@@ -59,8 +59,9 @@ def predict(model: nn.Module, dataset: Dataset, *, batch_size: int = 512,
     depends on ``batch_size`` and on which samples share a batch: our splits are stored sorted by
     label, which would give one-class batches, so the batches are taken in a fixed shuffled order
     (seed 0; the authors' test set is in CIFAR's original, class-mixed order) and the outputs are
-    returned in split order. A copy of the model runs, so the running statistics of ``model`` are
-    left untouched.
+    returned in split order. A batch of one sample cannot be normalised by its own statistics
+    (BatchNorm raises on a 1x1 feature map), so a last batch of one joins the batch before it.
+    A copy of the model runs, so the running statistics of ``model`` are left untouched.
     """
     if bn_mode not in BN_MODES:
         raise ValueError(f"bn_mode must be one of {BN_MODES}, got {bn_mode!r} "
@@ -77,8 +78,11 @@ def predict(model: nn.Module, dataset: Dataset, *, batch_size: int = 512,
     order = torch.arange(len(dataset))
     if bn_mode == "train":
         order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(0))
+    batches = [idx.tolist() for idx in order.split(batch_size)]
+    if bn_mode == "train" and len(batches) > 1 and len(batches[-1]) == 1:
+        batches[-2:] = [batches[-2] + batches[-1]]
     logits, labels = [], []
-    for x, y in DataLoader(Subset(dataset, order.tolist()), batch_size=batch_size, shuffle=False):
+    for x, y in DataLoader(dataset, batch_sampler=batches):
         logits.append(net(x.to(device)).float().cpu())
         labels.append(y)
     model.train(was_training)

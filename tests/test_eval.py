@@ -159,6 +159,27 @@ def test_predict_bn_train_mode_uses_batch_statistics_and_leaves_model_untouched(
         predict(net, ds, bn_mode="batch")
 
 
+def test_predict_bn_train_mode_folds_a_last_batch_of_one_sample():
+    """41 samples in batches of 8 leave one sample alone: BatchNorm cannot normalise it by its own
+    statistics (ResNet-18's last stage is 1x1 on 32x32 inputs and raised), so it joins the batch
+    before it; the result equals normalising the last 9 samples together."""
+    from torch.utils.data import TensorDataset
+
+    from builders import predict
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 2))
+    x, y = torch.randn(41, 5), torch.randint(0, 2, (41,))
+    out, labels = predict(net, TensorDataset(x, y), batch_size=8, bn_mode="train")
+    order = torch.randperm(41, generator=torch.Generator().manual_seed(0))
+    last = order[32:]                                   # 8 + the lone 41st sample
+    lin1, bn, lin2 = net
+    h = lin1(x[last])
+    h = (h - h.mean(0)) / torch.sqrt(h.var(0, unbiased=False) + bn.eps) * bn.weight + bn.bias
+    np.testing.assert_allclose(out[last.numpy()], lin2(h).detach().numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(labels, y.numpy())
+
+
 def test_cli_bn_mode_train_writes_suffixed_record(runs, tmp_path):
     run = runs["binary"][0]
     record = ev.main([str(run), "--bn-mode", "train", "--batch-size", "32", "--out", str(tmp_path)])
