@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from solver.errors import LPInputError
+from solver.linsolve import METHODS as LINEAR_SOLVERS
 
 
 @dataclass
@@ -98,7 +99,8 @@ class SolverOptions:
         yield (self.sketch in (None, "gaussian", "sampling"),
                f"sketch={self.sketch!r} must be None, 'gaussian' or 'sampling'")
         yield (self.forward in ("newton", "highs"), f"forward={self.forward!r} must be 'newton' or 'highs'")
-        # linear_solver: checked by solver.linsolve.choose_method, which owns the list of methods
+        yield (self.linear_solver in ("auto",) + LINEAR_SOLVERS,   # linsolve owns the list
+               f"linear_solver={self.linear_solver!r} must be auto, " + ", ".join(LINEAR_SOLVERS))
         for name in ("eps", "tol", "cg_tol"):
             yield pos(name)
         for name in ("step_size", "active_tol"):

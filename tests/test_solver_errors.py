@@ -134,6 +134,7 @@ def test_empty_batch_returns_an_empty_solution():
     ("eps_decay", 1.0, r"eps_decay=1.0 must be in \(0, 1\)"),
     ("forward", "simplex", r"forward='simplex' must be 'newton' or 'highs'"),
     ("max_norm", float("nan"), r"max_norm=nan must be a number > 0"),
+    ("linear_solver", "chol", r"linear_solver='chol' must be auto, diagonal, cholesky, cg, sparse"),
 ])
 def test_options_are_validated_at_construction(option, value, message):
     from solver import SolverOptions
