@@ -61,7 +61,7 @@ from typing import Any
 
 import torch
 
-from objectives.common import binary_scores, check_labels
+from objectives.common import binary_scores, check_labels, check_positive_class
 from objectives.pairwise import PairwiseRampLP
 
 
@@ -93,10 +93,8 @@ class AUCLoss(PairwiseRampLP):
                  solver: Mapping[str, Any] | None = None) -> None:
         super().__init__(epsilon=epsilon, method=method, backward=backward, solver=solver)
         binary_scores(torch.zeros(1, 2), score)  # validates the name at construction
-        if positive_class not in (0, 1):
-            raise ValueError(f"positive_class must be 0 or 1 (binary labels); got {positive_class!r}")
         self.score = score
-        self.positive_class = int(positive_class)
+        self.positive_class = check_positive_class(positive_class)
 
     def pairs(self, logits: torch.Tensor, labels: torch.Tensor):
         labels = check_labels(logits, labels)

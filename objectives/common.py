@@ -87,6 +87,22 @@ def lp_logits(logits: torch.Tensor) -> torch.Tensor:
     return logits
 
 
+def check_backward(backward: str) -> str:
+    """``backward`` if ``solver.solve_lp`` has it (``active_set`` | ``unrolled``), else a
+    ``ValueError`` at construction rather than at the first solve."""
+    from solver.solve import BACKWARDS
+    if backward not in BACKWARDS:
+        raise ValueError(f"backward must be one of {BACKWARDS}; got {backward!r}")
+    return backward
+
+
+def check_positive_class(positive_class: Any) -> int:
+    """The positive label of a binary objective as an int, or a ``ValueError`` unless 0 or 1."""
+    if positive_class not in (0, 1):
+        raise ValueError(f"positive_class must be 0 or 1 (binary labels); got {positive_class!r}")
+    return int(positive_class)
+
+
 def finite_positive(name: str, value: Any, hint: str = "") -> float:
     """``float(value)``, or a ``ValueError`` naming the argument unless it is finite and > 0."""
     try:

@@ -30,11 +30,10 @@ from typing import Any
 import torch
 
 from objectives.base import Objective
-from objectives.common import (check_solver_options, finite_positive, lp_logits, solve, solver_stats,
-                               zero_loss)
+from objectives.common import (check_backward, check_solver_options, finite_positive, lp_logits,
+                               solve, solver_stats, zero_loss)
 
 METHODS = ("lp", "closed_form")
-BACKWARDS = ("active_set", "unrolled")
 
 
 def neg_identity(m: int, like: torch.Tensor):
@@ -78,10 +77,8 @@ class PairwiseRampLP(Objective):
         self.epsilon = finite_positive("epsilon", epsilon, " (the ramp width, e.g. 0.01)")
         if method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}; got {method!r}")
-        if backward not in BACKWARDS:
-            raise ValueError(f"backward must be one of {BACKWARDS}; got {backward!r}")
         self.method = method
-        self.backward = backward
+        self.backward = check_backward(backward)
         self.solver_options = check_solver_options(solver)
 
     def pairs(self, logits: torch.Tensor, labels: torch.Tensor):

@@ -79,8 +79,8 @@ from typing import Any
 import torch
 
 from objectives.base import Objective
-from objectives.common import (check_labels, check_solver_options, finite_positive, lp_logits, solve,
-                               solver_stats, zero_loss)
+from objectives.common import (check_backward, check_labels, check_positive_class, check_solver_options,
+                               finite_positive, lp_logits, solve, solver_stats, zero_loss)
 from objectives.fractional import SAFEGUARDS, box_bounds, charnes_cooper_lp
 
 PHI = ("softmax", "tanh", "softmax_st", "sign")
@@ -136,13 +136,10 @@ class RatioLPLoss(Objective):
             raise ValueError(f"bound must be one of {tuple(BOUNDS)}; got {bound!r}")
         if not 0 <= margin < 1:
             raise ValueError(f"margin must be in [0, 1) (phi lies in [-1, 1]); got {margin}")
-        if backward not in ("active_set", "unrolled"):
-            raise ValueError(f"backward must be 'active_set' or 'unrolled'; got {backward!r}")
-        if positive_class not in (0, 1):
-            raise ValueError(f"positive_class must be 0 or 1 (binary labels); got {positive_class!r}")
-        self.phi, self.safeguard, self.backward, self.bound = phi, safeguard, backward, bound
+        self.phi, self.safeguard, self.bound = phi, safeguard, bound
+        self.backward = check_backward(backward)
         self.margin = float(margin)
-        self.positive_class = int(positive_class)
+        self.positive_class = check_positive_class(positive_class)
         self.solver_options = check_solver_options(solver)
 
     def ratio(self, y: torch.Tensor) -> dict[str, Any]:

@@ -79,6 +79,10 @@ def test_other_non_finite_arguments_are_rejected():
         AUCLoss(positive_class=2)
     with pytest.raises(ValueError, match="backward must be one of"):
         AUCLoss(backward="implicit")
+    with pytest.raises(ValueError, match="positive_class must be 0 or 1"):
+        F1LPLoss(positive_class=-1)
+    with pytest.raises(ValueError, match="backward must be one of"):
+        F1LPLoss(backward="implicit")
 
 
 @pytest.mark.parametrize("make", [lambda s: AUCLoss(solver=s), lambda s: F1LPLoss(solver=s)])
