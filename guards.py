@@ -19,7 +19,8 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
-LAST = "last.pt"            # runfolder.LAST (not imported: this module stays import-light)
+from runfolder import LAST
+
 DEGENERATE_WARN = 0.10  # warn above this fraction of degenerate batches in an evaluation interval
 
 

@@ -59,15 +59,16 @@ def check_device(name: str) -> torch.device:
     return device
 
 
-def objective_class(cfg: DictConfig) -> type | None:
-    """The class that ``objective._target_`` names (``None`` for a non-class target)."""
+def objective_class(cfg: DictConfig) -> type:
+    """The class that ``objective._target_`` names; a :class:`ConfigError` when it cannot be
+    imported or is not a class (Hydra's ``get_class`` refuses functions)."""
     from hydra.utils import get_class
 
     target = OmegaConf.select(cfg, "objective._target_")
     try:
         return get_class(target)
     except Exception as err:  # ImportError, AttributeError, ValueError from Hydra's locator
-        raise ConfigError(f"objective._target_={target!r} cannot be imported ({err}); pick one "
+        raise ConfigError(f"objective._target_={target!r} is not an importable class ({err}); pick one "
                           "of configs/objective/*.yaml, e.g. objective=auc_lp") from None
 
 

@@ -64,6 +64,8 @@ REFUSED_BEFORE_DATA = [
     (["trainer.max_grad_norm=-1"], r"trainer.max_grad_norm=-1 must be null \(no clipping\) or a finite number > 0"),
     (["optimizer.lr=nan"], r"optimizer.lr=nan must be a finite number >= 0"),
     (["device=tpu9"], r"device='tpu9' is not a device name"),
+    (["objective._target_=objectives.common.zero_loss"],
+     r"objective._target_='objectives.common.zero_loss' is not an importable class .*non-class"),
     (["trainer.max_steps=0", "trainer.eval_every=0"], r"invalid config \(2 problems\):\n  - trainer.max_steps=0"),
 ]
 
