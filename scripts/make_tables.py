@@ -179,7 +179,7 @@ def label_rows(runs: list[Run], log) -> None:
         split = sorted(k for k in set().union(*(r.key for r in group))
                        if (any(varies(k, rs) for rs in columns.values()) if k.startswith(COLUMN_PREFIXES)
                            else varies(k, group)))
-        if {"step", "trainer.max_steps"} <= set(split) and all(r.key["step"] == r.key["trainer.max_steps"]
+        if {"step", "trainer.max_steps"} <= set(split) and all(r.key["step"] == r.key.get("trainer.max_steps")
                                                                for r in group):
             split.remove("step")  # implied by max_steps
         if split:

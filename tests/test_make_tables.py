@@ -116,6 +116,19 @@ def test_same_budget_but_different_final_step_never_share_a_cell(tmp_path, capsy
                           "| auc_lp (step=200) | 80.0 (n=1, step 200) [paper 72.5] |"]
 
 
+def test_a_run_whose_config_lacks_max_steps_gets_its_own_row(tmp_path, capsys):
+    """An older run without trainer.max_steps in its config (a missing key counts as null) used to
+    crash the row labelling with KeyError."""
+    fake_run(tmp_path / "new", seed=0, steps=200, test=0.60)
+    old = fake_run(tmp_path / "old", seed=1, steps=400, test=0.80)
+    res = json.loads((old / "results.json").read_text())
+    del res["config"]["trainer"]["max_steps"]
+    (old / "results.json").write_text(json.dumps(res))
+    lines, _ = table(capsys, tmp_path)
+    assert lines[-2:] == ["| auc_lp (step=200, trainer.max_steps=200) | 60.0 (n=1, step 200) [paper 72.5] |",
+                          "| auc_lp (step=400, trainer.max_steps=None) | 80.0 (n=1, step 400) [paper 72.5] |"]
+
+
 def _eps_sweep(root: Path) -> None:
     for eps, aucs in [(0.1, [0.70, 0.72]), (0.01, [0.78, 0.80])]:
         for seed, auc in enumerate(aucs):
