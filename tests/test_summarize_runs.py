@@ -23,3 +23,14 @@ def test_rows_from_last_evaluation(tmp_path):
     lines = table.splitlines()
     assert lines[2].startswith("| sweep/a | 1000 | yes | 0.800 |") and "| 0.900 |" in lines[2]
     assert lines[3].startswith("| sweep/b | 500 | stopped | 0.550 |")
+
+
+def test_eval_records_and_best_val_become_columns(tmp_path):
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "metrics.csv").write_text("step,val_auc,test_auc\n500,0.7,0.71\n1000,0.6,0.62\n")
+    (run / "results.json").write_text('{"best_val": {"step": 500, "test_auc": 0.71}}')
+    (run / "eval_test_bntrain.json").write_text('{"metrics": {"auc": 0.65, "acc": 0.5}}')
+    table = summarize.render([run], tmp_path, "auc", best=True).splitlines()
+    assert table[0].endswith("| test_bntrain_auc | best_val_step | best_val_test_auc |")
+    assert table[2].endswith("| 0.620 |  |  | 0.650 | 500 | 0.710 |")
