@@ -27,6 +27,7 @@ import random
 import statistics
 import time
 import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -171,14 +172,98 @@ def resume_from(cfg: DictConfig, run_dir: Path, resolved: dict, device) -> tuple
     return ckpt, launch
 
 
-def train(cfg: DictConfig, run_dir: Path, choices: dict[str, str] | None = None) -> dict[str, Any]:
-    """Run one training job into ``run_dir``; returns the content of ``results.json``.
+@dataclass
+class Run:
+    """One training job: its components and its record. ``train.py``'s loop drives one; the packed
+    launcher (:mod:`packed.launch`) drives many in one process, through the same methods, so both
+    write the same run folder (``metrics.csv``, ``best.pt``, ``last.pt``, ``results.json``)."""
 
-    ``choices`` (Hydra's ``runtime.choices``, e.g. ``{"objective": "auc_lp"}``) is recorded so
-    that scripts can group runs by the option names users typed.
-    """
-    validate(cfg)  # before any data or model is built: bad keys fail in a second, not a minute
-    device = resolve_device(cfg.device)
+    cfg: DictConfig
+    run_dir: Path
+    device: torch.device
+    resolved: dict
+    bundle: Any
+    model: torch.nn.Module
+    objective: Any
+    launches: list
+    hydra_files: dict
+    optimizer: Any = None
+    scheduler: Any = None
+    logger: Any = None
+    rows: list = field(default_factory=list)
+    best: dict | None = None
+    ckpt_step: int | None = None
+
+    @property
+    def primary(self) -> str:
+        return PRIMARY_METRIC[self.bundle.task]
+
+    def attach_optimizer(self, model: torch.nn.Module | None = None) -> None:
+        """Build the optimizer and schedule over ``model`` (default: the run's own; the packed
+        launcher passes the run's view into the packed storage)."""
+        cfg, self.model = self.cfg, model if model is not None else self.model
+        param_groups = [{"params": list(self.model.parameters())}] + self.objective.extra_param_groups()
+        self.optimizer = built("optimizer", cfg,
+                               lambda: instantiate(cfg.optimizer, _partial_=True)(params=param_groups))
+        self.scheduler = torch.optim.lr_scheduler.MultiStepLR(
+            self.optimizer, milestones=list(cfg.scheduler.milestones), gamma=cfg.scheduler.gamma)
+
+    def evaluate(self, step: int, losses: list[float], timings: dict, rng: dict) -> dict[str, Any]:
+        """Evaluate at ``step``, append the row and write metrics, best and last checkpoint.
+
+        Raises :class:`DegenerateBatchesError` if the interval's batches were all degenerate."""
+        cfg, run_dir = self.cfg, self.run_dir
+        row = {"step": step, "lr": self.optimizer.param_groups[0]["lr"],
+               "train_loss": statistics.fmean(losses) if losses else math.nan}
+        for split in ("val", "test"):
+            row.update({f"{split}_{k}": v
+                        for k, v in evaluate(self.model, self.bundle, split, cfg, self.device).items()})
+        row.update(self.objective.pop_stats())
+        check_degenerate(row, (self.rows[-1]["step"] if self.rows else 0) + 1, cfg,
+                         self.bundle.stats["train"]["class_counts"])
+        self.rows.append(row)
+        self.logger.log(row, step=step)
+        # order: metrics, best, last; a kill between them replays the interval on resume
+        runfolder.write_metrics_csv(self.rows, run_dir / runfolder.METRICS)
+        key = f"val_{self.primary}"
+        if self.best is None or row[key] > self.best[key]:
+            self.best = dict(row)
+            runfolder.save_best({"step": step, "model": self.model.state_dict(), "config": self.resolved},
+                                run_dir)
+        runfolder.save_checkpoint(
+            {"step": step, "model": self.model.state_dict(), "objective": self.objective.state_dict(),
+             "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+             "rows": self.rows, "best": self.best, "timings": timings, "rng": rng,
+             "config": self.resolved, "launches": self.launches, "hydra_files": self.hydra_files},
+            run_dir)
+        self.ckpt_step = step
+        return row
+
+    def results(self, timing_ms: dict, choices: dict | None, **extra: Any) -> dict[str, Any]:
+        """Write ``results.json`` (``extra`` keys are added, e.g. the packed launcher's record)."""
+        results = {
+            "primary_metric": self.primary,
+            "final": self.rows[-1] if self.rows else None,
+            "best_val": self.best,
+            "splits": self.bundle.stats,
+            "degenerate_batches": degenerate_summary(self.rows),
+            "timing_ms_median": timing_ms,
+            "device": str(self.device),
+            "choices": dict(choices or {}),
+            "launches": self.launches,
+            "resume_forced": any(la.get("forced_differences") for la in self.launches),
+            "config": runfolder.portable_config(self.cfg, self.run_dir),
+            **extra,
+        }
+        runfolder.write_results(results, self.run_dir)
+        return results
+
+
+def prepare_run(cfg: DictConfig, run_dir: Path, device: torch.device) -> tuple[Run, dict | None]:
+    """The run folder, data, model and objective of one job, built in ``train.py``'s order from
+    its seed (so the same config gives the same split and initial weights wherever it is built),
+    and the checkpoint to resume from (``None`` unless ``resume``). No optimizer yet:
+    :meth:`Run.attach_optimizer`."""
     resolved = OmegaConf.to_container(cfg, resolve=True)
     run_dir.mkdir(parents=True, exist_ok=True)
     runfolder.remove_stray_temporaries(run_dir)   # left by a writer that was killed
@@ -192,34 +277,42 @@ def train(cfg: DictConfig, run_dir: Path, choices: dict[str, str] | None = None)
     if cfg.trainer.get("init_from") and not cfg.resume:   # a resumed run has its own weights
         init_weights(model, Path(cfg.trainer.init_from), device)
     objective = built("objective", cfg, lambda: instantiate_runtime(cfg.objective, **runtime)).to(device)
-    param_groups = [{"params": list(model.parameters())}] + objective.extra_param_groups()
-    optimizer = built("optimizer", cfg, lambda: instantiate(cfg.optimizer, _partial_=True)(params=param_groups))
-    scheduler = torch.optim.lr_scheduler.MultiStepLR(
-        optimizer, milestones=list(cfg.scheduler.milestones), gamma=cfg.scheduler.gamma)
-    primary = PRIMARY_METRIC[bundle.task]
+    launches = list(ckpt.get("launches", [])) if ckpt is not None else []
+    hydra_files = (ckpt.get("hydra_files") if ckpt is not None else None) or runfolder.hydra_files(run_dir)
+    return Run(cfg, run_dir, device, resolved, bundle, model, objective, launches + [launch],
+               hydra_files), ckpt
 
-    step, rows, best, timer = 0, [], None, Timer(device)
-    hydra_files, launches, ckpt_step = runfolder.hydra_files(run_dir), [], None
+
+def train(cfg: DictConfig, run_dir: Path, choices: dict[str, str] | None = None) -> dict[str, Any]:
+    """Run one training job into ``run_dir``; returns the content of ``results.json``.
+
+    ``choices`` (Hydra's ``runtime.choices``, e.g. ``{"objective": "auc_lp"}``) is recorded so
+    that scripts can group runs by the option names users typed.
+    """
+    validate(cfg)  # before any data or model is built: bad keys fail in a second, not a minute
+    device = resolve_device(cfg.device)
+    run, ckpt = prepare_run(cfg, run_dir, device)
+    run.attach_optimizer()
+    model, objective, optimizer, scheduler = run.model, run.objective, run.optimizer, run.scheduler
+    step, timer = 0, Timer(device)
     if ckpt is not None:
         model.load_state_dict(ckpt["model"])
         objective.load_state_dict(ckpt["objective"])
         optimizer.load_state_dict(ckpt["optimizer"])
         scheduler.load_state_dict(ckpt["scheduler"])
-        step, rows, best = ckpt["step"], ckpt["rows"], ckpt["best"]
+        step, run.rows, run.best = ckpt["step"], ckpt["rows"], ckpt["best"]
         timer.samples = ckpt["timings"]
         set_rng_state(ckpt["rng"])
-        hydra_files = ckpt.get("hydra_files") or hydra_files
-        launches, ckpt_step = list(ckpt.get("launches", [])), step
-    launches.append(launch)
+        run.ckpt_step = step
 
     def diverged(what: str) -> NonFiniteLossError:
         return NonFiniteLossError(nonfinite_message(
-            what, step + 1, x, y, logits, optimizer.param_groups[0]["lr"], run_dir, ckpt_step,
+            what, step + 1, x, y, logits, optimizer.param_groups[0]["lr"], run_dir, run.ckpt_step,
             cfg.trainer.eval_every))
 
-    logger = instantiate(cfg.logger, _partial_=True)(run_dir=str(run_dir), config=resolved)
+    run.logger = instantiate(cfg.logger, _partial_=True)(run_dir=str(run_dir), config=run.resolved)
     try:
-        stream = batch_stream(bundle.train, cfg.trainer.batch_size, cfg.seed, start_step=step)
+        stream = batch_stream(run.bundle.train, cfg.trainer.batch_size, cfg.seed, start_step=step)
         losses: list[float] = []
         model.train()
         bar = tqdm(total=cfg.trainer.max_steps, initial=step, desc="train", dynamic_ncols=True,
@@ -254,49 +347,16 @@ def train(cfg: DictConfig, run_dir: Path, choices: dict[str, str] | None = None)
             if step % cfg.trainer.log_every == 0:
                 bar.set_postfix(loss=f"{statistics.fmean(losses[-cfg.trainer.log_every:]):.4f}")
             if step % cfg.trainer.eval_every == 0 or step == cfg.trainer.max_steps:
-                row = {"step": step, "lr": optimizer.param_groups[0]["lr"],
-                       "train_loss": statistics.fmean(losses) if losses else math.nan}
-                for split in ("val", "test"):
-                    row.update({f"{split}_{k}": v for k, v in evaluate(model, bundle, split, cfg, device).items()})
-                row.update(objective.pop_stats())
-                check_degenerate(row, (rows[-1]["step"] if rows else 0) + 1, cfg,
-                                 bundle.stats["train"]["class_counts"])
-                rows.append(row)
+                row = run.evaluate(step, losses, timer.samples, rng_state())
                 losses = []
-                logger.log(row, step=step)
-                # order: metrics, best, last; a kill between them replays the interval on resume
-                runfolder.write_metrics_csv(rows, run_dir / runfolder.METRICS)
-                if best is None or row[f"val_{primary}"] > best[f"val_{primary}"]:
-                    best = dict(row)
-                    runfolder.save_best({"step": step, "model": model.state_dict(), "config": resolved},
-                                        run_dir)
-                runfolder.save_checkpoint(
-                    {"step": step, "model": model.state_dict(), "objective": objective.state_dict(),
-                     "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                     "rows": rows, "best": best, "timings": timer.samples, "rng": rng_state(),
-                     "config": resolved, "launches": launches, "hydra_files": hydra_files}, run_dir)
-                ckpt_step = step
                 bar.write(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                                    for k, v in row.items()))
         bar.close()
-        results = {
-            "primary_metric": primary,
-            "final": rows[-1],
-            "best_val": best,
-            "splits": bundle.stats,
-            "degenerate_batches": degenerate_summary(rows),
-            "timing_ms_median": timer.medians_ms(),
-            "device": str(device),
-            "choices": dict(choices or {}),
-            "launches": launches,
-            "resume_forced": any(la.get("forced_differences") for la in launches),
-            "config": runfolder.portable_config(cfg, run_dir),
-        }
-        runfolder.write_results(results, run_dir)
-        logger.summary({f"final/{k}": v for k, v in rows[-1].items()})
+        results = run.results(timer.medians_ms(), choices)
+        run.logger.summary({f"final/{k}": v for k, v in run.rows[-1].items()})
         return results
     finally:
-        logger.finish()
+        run.logger.finish()
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="config")
