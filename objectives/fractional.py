@@ -65,6 +65,8 @@ class FractionalLP:
     b_eq: torch.Tensor
     n: int
     sign: torch.Tensor | float = 1.0
+    guess: torch.Tensor | None = None   # the optimal vertex when the boxes alone bind
+
 
     def value(self, x: torch.Tensor) -> torch.Tensor:
         """The ratio at an LP point ``x``: ``-sign * c^T x`` (``sign`` +1 for a maximised ratio,
@@ -124,6 +126,31 @@ def charnes_cooper_lp(num: torch.Tensor, den: torch.Tensor, den0: float | torch.
         y = y.to(dt)
         blocks.append(torch.cat([-y, (alpha * y.sum()).reshape(1)])[None, :])
     A = torch.cat(blocks, 0)
+    with torch.no_grad():
+        guess = torch.stack([box_vertex(num, den, den0, s, phi.detach(), sense)
+                             for sense in senses])
     return FractionalLP(c=c, A=A, b=torch.zeros(A.shape[0], dtype=dt, device=dev),
                         A_eq=A_eq[None, :], b_eq=torch.tensor([s], dtype=dt, device=dev), n=n,
-                        sign=sign)
+                        sign=sign, guess=guess[0] if len(senses) == 1 else guess)
+
+
+def box_vertex(num, den, den0, s, phi, sense="max", rounds=3):
+    r"""The optimum ``x = [t \hat Y, t]`` of the LP without the recall row, by Dinkelbach's
+    rule: at the optimal ratio :math:`R`, :math:`\hat Y_i` sits at the top of its box where
+    :math:`a_i - R d_i > 0` (``"max"``; ``< 0`` for ``"min"``) and at the bottom elsewhere; from
+    the guess "top where :math:`a_i > 0`" the pattern settles in one or two rounds.  A guess
+    for :func:`solver.solve_lp`'s ``vertex_guess``, which certifies it (with the recall row it
+    may be infeasible or not optimal: the solver then runs Newton)."""
+    lo, up = box_bounds(phi)
+    sgn = 1.0 if sense == "max" else -1.0
+    top = sgn * num > 0
+    for _ in range(rounds):
+        yh = torch.where(top, up, lo)
+        ratio = (num * yh).sum() / ((den * yh).sum() + den0)
+        new = sgn * (num - ratio * den) > 0
+        if torch.equal(new, top):
+            break
+        top = new
+    yh = torch.where(top, up, lo)
+    t = s / ((den * yh).sum() + den0)
+    return torch.cat([t * yh, t.reshape(1)])

@@ -44,6 +44,11 @@ class SolverOptions:
     active_tol: float = 1.0         # kappa = active_tol * eps * max(1, |u|_inf): tight rows
     max_norm: float = 1e8           # |z|_inf beyond this = divergence (unbounded/infeasible)
     warm_start: Any = None          # previous LPSolution (z and eps reused) or a [..., n] z0
+    # a [..., n] guess of the optimal vertex (e.g. a closed form the caller knows): its tight
+    # rows are certified by one active-set solve and the KKT check; LPs that pass skip the
+    # eps loop (no Newton step), the others run it as usual.  A wrong guess costs one
+    # recovery, never a wrong answer.  Ignored by backward="unrolled" and forward="highs".
+    vertex_guess: Any = None
     sketch: str | None = None       # None | "gaussian" | "sampling" (seed 002 eq. 6-7)
     sketch_size: int | None = None  # k rows of the sketch; None: 4 n
     sketch_seed: int = 0

@@ -119,15 +119,15 @@ def _certify(prob, z, system, pen_u, accept_tol, method):
     best): least-norm multipliers on the active rows ``T`` (no 1/eps roundoff
     amplification); the thresholded penalty multipliers; least-norm multipliers on the rows
     with positive penalty multipliers only (a degenerate vertex has more tight rows than
-    the dual needs, and the least-norm fit over all of them can go negative)."""
+    the dual needs, and the least-norm fit over all of them can go negative).  ``pen_u``
+    None: the first candidate only (a guessed vertex has no penalty multipliers)."""
     u = _least_norm_dual(prob, system)
     best = [*u, *kkt_measures(prob, z, *u)]
     best_kkt = _kkt(best[3:6])
-    candidates = [lambda: pen_u]
-    candidates.append(lambda: _least_norm_dual(prob, NewtonSystem(
-        prob, (pen_u[0] > 0).to(z.dtype), (pen_u[1] > 0).to(z.dtype),
-        torch.zeros_like(prob.c_scale), method, pinv=True,
-        cg_tol=system.cg_tol, cg_max_iter=system.cg_max_iter)))
+    candidates = [] if pen_u is None else [lambda: pen_u, lambda: _least_norm_dual(
+        prob, NewtonSystem(prob, (pen_u[0] > 0).to(z.dtype), (pen_u[1] > 0).to(z.dtype),
+                           torch.zeros_like(prob.c_scale), method, pinv=True,
+                           cg_tol=system.cg_tol, cg_max_iter=system.cg_max_iter))]
     for make in candidates:
         if bool((best_kkt <= accept_tol).all()):
             break
@@ -194,9 +194,11 @@ def recover(prob, zp, eps, *, method, active_tol=1.0, cg_tol=1e-12, cg_max_iter=
     return _finish(prob, z, wA, wz, system, cert, mixed, method, cg_tol, cg_max_iter)
 
 
-def _tight(prob, z):
-    """0/1 weights of the rows and bounds tight at ``z`` (to sqrt(machine eps) * scale)."""
-    thr = (torch.finfo(z.dtype).eps ** 0.5 * prob.h_scale).unsqueeze(-1)
+def _tight(prob, z, rel=None):
+    """0/1 weights of the rows and bounds tight at ``z`` (to ``rel`` * scale; default
+    sqrt(machine eps), an external solver's feasibility tolerance)."""
+    rel = torch.finfo(z.dtype).eps ** 0.5 if rel is None else rel
+    thr = (rel * prob.h_scale).unsqueeze(-1)
     rA, _ = prob.residuals(z)
     return (rA >= -thr).to(z.dtype), (z <= thr).to(z.dtype)
 
@@ -232,4 +234,23 @@ def recover_vertex(prob, x, u, *, method, cg_tol=1e-12, cg_max_iter=1000, accept
         use_x = worse & (_kkt(cert_x[3:6]) < _kkt(cert[3:6]))
         z = _where(use_x, x, z)
         cert = [_where(use_x, a, b) for a, b in zip(cert_x, cert)]
+    return _finish(prob, z, wA, wz, system, cert, False, method, cg_tol, cg_max_iter)
+
+
+# a guessed vertex is exact to roundoff: its tight rows have residuals ~ eps * scale, while a
+# nearly tight row that is not active (a box of width 1e-6, objectives/ratio.py's PHI_MARGIN)
+# can have a slack near sqrt(eps) * scale, the tolerance _tight uses for external solvers
+GUESS_TIGHT = 1e-11
+
+
+@torch.no_grad()
+def recover_guess(prob, x, *, method, cg_tol=1e-12, cg_max_iter=1000, accept_tol=0.0):
+    """Certify a guessed vertex ``x [B, n]`` (``vertex_guess``): T = the rows and bounds tight
+    at ``x`` (to ``GUESS_TIGHT`` relative), the active-set solve snaps ``x`` onto
+    ``{G_T z = h_T}`` and the least-norm multipliers on T certify it.  The caller accepts the
+    LPs whose KKT residual is below ``accept_tol`` and runs Newton on the others."""
+    x = x.detach()
+    wA, wz = _tight(prob, x, GUESS_TIGHT)
+    z, system = _solve_active(prob, x, wA, wz, method, cg_tol, cg_max_iter)
+    cert = _certify(prob, z, system, None, accept_tol, method)
     return _finish(prob, z, wA, wz, system, cert, False, method, cg_tol, cg_max_iter)

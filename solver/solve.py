@@ -28,7 +28,7 @@ from solver.linsolve import NewtonSystem, choose_method, diag_scale
 from solver.newton import newton_penalty
 from solver.options import SolverOptions
 from solver.problem import build_problem
-from solver.recover import Recovery, recover
+from solver.recover import Recovery, recover, recover_guess
 from solver.sketch import make_sketch
 from solver.solution import LPSolution
 from solver import diagnose
@@ -58,7 +58,7 @@ def _initial_point(prob, opts):
         return z, eps
     if isinstance(ws, LPSolution):
         z0 = ws.penalty_z
-        if ws.eps is not None:
+        if ws.eps is not None and bool((ws.eps > 0).all()):   # 0: certified from a guess
             e = ws.eps.detach().to(prob.dtype).reshape(-1)
             eps = e.expand(prob.B).clone() if e.numel() in (1, prob.B) else eps
     elif isinstance(ws, torch.Tensor):
@@ -71,6 +71,32 @@ def _initial_point(prob, opts):
     if z0.shape[0] not in (1, prob.B):
         raise LPInputError(f"warm_start holds {z0.shape[0]} LPs, the batch has {prob.B}.")
     return z0.expand(prob.B, prob.n).clone(), eps
+
+
+def _guess(prob, opts):
+    x = opts.vertex_guess
+    if not isinstance(x, torch.Tensor) or x.shape[-1] != prob.n:
+        raise LPInputError(f"vertex_guess must be a [..., {prob.n}] tensor (one point per LP "
+                           f"of the batch, or one for all); got {x!r:.60}.")
+    x = x.detach().to(prob.dtype).reshape(-1, prob.n)
+    if x.shape[0] not in (1, prob.B):
+        raise LPInputError(f"vertex_guess holds {x.shape[0]} points, the batch has {prob.B}.")
+    return x.expand(prob.B, prob.n)
+
+
+def run_from_guess(prob, opts, method):
+    """Certify ``opts.vertex_guess`` (:func:`solver.recover.recover_guess`); the ``run`` dict
+    of :func:`run_eps_loop` when every LP passes the KKT check, else ``None`` (the eps loop
+    then solves the whole batch, so results never depend on the guess)."""
+    x = _guess(prob, opts)
+    rec = recover_guess(prob, x, method=method, cg_tol=opts.cg_tol,
+                        cg_max_iter=4 * opts.cg_max_iter, accept_tol=opts.tol)
+    done = rec.kkt <= opts.tol
+    if not bool(done.all()):
+        return None
+    zeros = torch.zeros(prob.B, dtype=torch.long, device=prob.device)
+    return {"rec": rec, "zp": x, "eps": torch.zeros_like(rec.gap), "done": done,
+            "diverged": torch.zeros_like(done), "iterations": zeros, "eps_steps": zeros, "cg_iterations": 0}
 
 
 def run_eps_loop(prob, z, eps, opts, method, extra_steps=0):
@@ -206,7 +232,7 @@ def solve_lp(c, A, b, A_eq=None, b_eq=None, *, backward: str = "active_set",
         **options: see :class:`solver.options.SolverOptions` (``eps``, ``eps_decay``,
             ``max_eps_steps``, ``max_iter``, ``tol``, ``delta``, ``step``, ``step_size``,
             ``linear_solver``, ``cg_tol``, ``cg_max_iter``, ``active_tol``, ``max_norm``,
-            ``warm_start``, ``sketch``, ``sketch_size``, ``sketch_seed``, ``on_fail``,
+            ``warm_start``, ``vertex_guess``, ``sketch``, ``sketch_size``, ``sketch_seed``, ``on_fail``,
             ``diagnose``, ``compute_dtype``, ``forward``).  ``forward="highs"`` solves each
             LP with scipy's HiGHS on the CPU and keeps the active-set backward
             (:mod:`solver.highs`); the default ``"newton"`` batches and runs on the GPU.
@@ -242,11 +268,15 @@ def solve_lp(c, A, b, A_eq=None, b_eq=None, *, backward: str = "active_set",
         check_call(prob, backward)
         run = highs_forward(prob, opts, method)
     else:
-        z0, eps0 = _initial_point(prob, opts)
-        unrolled = backward == "unrolled" and torch.is_grad_enabled()
-        with torch.set_grad_enabled(unrolled):
-            run = run_eps_loop(prob, z0, eps0, opts, method,
-                               opts.unrolled_eps_steps if backward == "unrolled" else 0)
+        run = None
+        if opts.vertex_guess is not None and backward != "unrolled":
+            run = run_from_guess(prob, opts, method)
+        if run is None:
+            z0, eps0 = _initial_point(prob, opts)
+            unrolled = backward == "unrolled" and torch.is_grad_enabled()
+            with torch.set_grad_enabled(unrolled):
+                run = run_eps_loop(prob, z0, eps0, opts, method,
+                                   opts.unrolled_eps_steps if backward == "unrolled" else 0)
     rec = run["rec"]
     if not highs and not bool(run["done"].all()):
         stats, _ = _stats(prob, run, method, time.perf_counter() - t0)
