@@ -1,0 +1,210 @@
+"""Train the jobs of a multirun as packs: :func:`train_packed` (used by ``hydra/launcher=packed``).
+
+Each job is prepared exactly as ``train.py`` prepares it (:func:`train.prepare_run`: its seed,
+split, imbalance, initial weights, objective), then jobs that can share a pack are trained as one
+:class:`packed.PackedModels` by :class:`packed.PackedStep`; every job writes its own run folder
+through :class:`train.Run` (``metrics.csv``, ``best.pt``, ``last.pt``, ``results.json``: the
+schema of ``train.py``, plus a ``"packed"`` record and ``"diverged"``).
+
+Grouping. Jobs share a pack when they agree on :data:`PACK_KEYS` and on the input shape and
+number of classes their data give the model; everything else (objective, learning rate and
+schedule, seed, imbalance, clipping, evaluation interval) is per run. The launcher logs the packs
+and the keys that split them.
+
+Batches. Each run draws from its own :func:`train.batch_stream` (its seed) with its own torch RNG
+state for the augmentation (the state ``train.py`` would have after building that run), so run
+``i``'s batches are the batches ``train.py`` gives the same config. The global numpy / python RNGs
+are shared (no objective draws from them during training).
+
+Divergence. A run whose scores or loss become non-finite, or whose evaluation interval had only
+empty batches, is frozen (:class:`packed.PackedStep`) and its ``results.json`` records
+``"diverged": {"step", "reason"}``; the other runs go on. ``train.py`` would stop such a run with
+an error instead.
+
+Limits: ``resume=true`` is refused (resume a packed run's folder with ``train.py resume=true``:
+its ``last.pt`` holds the run's own RNG state); all runs of a pack stop at the same
+``trainer.max_steps``; batches are drawn on the host (the device-resident stream of issue 9
+item 3 is not this module).
+"""
+from __future__ import annotations
+
+import logging
+import random
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+from tqdm import tqdm
+
+import train
+from builders import resolve_device
+from guards import DegenerateBatchesError
+from packed.model import pack
+from packed.step import Divergence, PackedStep
+
+log = logging.getLogger(__name__)
+
+#: Config keys that must be equal within a pack (one architecture, one batch shape, one length,
+#: one optimizer family, one device); ``input_shape`` and ``num_classes`` (from the data) too.
+PACK_KEYS = ("dataset.name", "dataset.task", "model", "trainer.batch_size", "trainer.max_steps",
+             "optimizer._target_", "device")
+
+
+class PackedLaunchError(ValueError):
+    """A job the packed launcher cannot run (e.g. ``resume=true``)."""
+
+
+@dataclass
+class Job:
+    """One job of the multirun: its composed config, run folder, Hydra choices and a label."""
+    cfg: DictConfig
+    run_dir: Path
+    choices: dict = field(default_factory=dict)
+    name: str = ""
+
+
+@dataclass
+class _Member:
+    job: Job
+    run: train.Run
+    rng: torch.Tensor   # the run's own torch RNG state (augmentation draws)
+
+
+def pack_key(cfg: DictConfig, run: train.Run) -> dict[str, Any]:
+    """The values a job must share with its pack mates."""
+    key = {k: OmegaConf.to_container(v, resolve=True) if isinstance(v, DictConfig) else v
+           for k in PACK_KEYS for v in [OmegaConf.select(cfg, k)]}
+    key["input_shape"] = list(run.bundle.input_shape)
+    key["num_classes"] = run.bundle.num_classes
+    return key
+
+
+def group(keys: list[dict[str, Any]], max_pack: int | None = None) -> tuple[list[list[int]], list[str]]:
+    """Job indices grouped by equal key (in order of first appearance, chunks of at most
+    ``max_pack``), and the key names whose values differ between jobs."""
+    groups: dict[str, list[int]] = {}
+    for i, key in enumerate(keys):
+        groups.setdefault(repr(sorted(key.items())), []).append(i)
+    packs = [g[s:s + max_pack] if max_pack else g for g in groups.values()
+             for s in range(0, len(g), max_pack or len(g))]
+    differing = [k for k in keys[0] if any(key[k] != keys[0][k] for key in keys)] if keys else []
+    return packs, differing
+
+
+def _describe(keys: list[dict[str, Any]], packs: list[list[int]], differing: list[str],
+              jobs: list[Job]) -> str:
+    lines = [f"packed launcher: {len(jobs)} jobs in {len(packs)} pack(s)"]
+    if differing:
+        lines.append("  split on: " + ", ".join(
+            f"{k} ({' vs '.join(dict.fromkeys(str(keys[p[0]][k]) for p in packs))})" for k in differing))
+    for n, p in enumerate(packs):
+        lines.append(f"  pack {n} ({len(p)} runs): " + "; ".join(jobs[i].name or str(i) for i in p))
+    return "\n".join(lines)
+
+
+def train_packed(jobs: list[Job], max_pack: int | None = None) -> list[Any]:
+    """Train ``jobs`` as packs; returns per job its ``results.json`` dict or the user error that
+    stopped its preparation (bad config, missing data), in the jobs' order."""
+    outcomes: list[Any] = [None] * len(jobs)
+    members: dict[int, _Member] = {}
+    for i, job in enumerate(jobs):
+        try:
+            if job.cfg.resume:
+                raise PackedLaunchError(f"{job.name}: resume={job.cfg.resume} is not packed; resume "
+                                        "this run folder with `python train.py resume=true ...`")
+            train.validate(job.cfg)
+            device = resolve_device(job.cfg.device)
+            run, _ = train.prepare_run(job.cfg, job.run_dir, device)
+        except (*train.USER_ERRORS, PackedLaunchError) as err:
+            log.error(f"{job.name}: not run: {type(err).__name__}: {err}")
+            outcomes[i] = err
+            continue
+        members[i] = _Member(job, run, torch.get_rng_state())
+    order = list(members)
+    keys = [pack_key(members[i].job.cfg, members[i].run) for i in order]
+    packs, differing = group(keys, max_pack)
+    log.info(_describe(keys, packs, differing, [members[i].job for i in order]))
+    devices = {str(m.run.device) for m in members.values()}
+    if devices == {"cpu"}:
+        log.warning("packed launcher: no CUDA device in use; the packs run on the CPU, where a "
+                    "packed step costs ~1.3x the separate steps (packed/model.py): packing is "
+                    "meant for GPUs")
+    for p in packs:
+        for i, results in zip(p, _train_pack([members[order[j]] for j in p])):
+            outcomes[order[i]] = results
+    return outcomes
+
+
+def _rng(member: _Member) -> dict[str, Any]:
+    """The checkpoint's RNG record: the run's own torch state (the others are shared)."""
+    return {"torch": member.rng, "numpy": np.random.get_state(), "python": random.getstate()}
+
+
+def _train_pack(members: list[_Member]) -> list[dict[str, Any]]:
+    runs = [m.run for m in members]
+    cfg0, n = runs[0].cfg, len(runs)
+    packed = pack([r.model for r in runs])
+    for run, view in zip(runs, packed.models):
+        run.attach_optimizer(view)
+        run.logger = instantiate(run.cfg.logger, _partial_=True)(run_dir=str(run.run_dir),
+                                                                 config=run.resolved)
+    stepper = PackedStep(packed, [r.objective for r in runs], [r.optimizer for r in runs],
+                         [r.scheduler for r in runs], [r.cfg.trainer.max_grad_norm for r in runs])
+    streams = [train.batch_stream(r.bundle.train, cfg0.trainer.batch_size, r.cfg.seed) for r in runs]
+    device, max_steps = runs[0].device, cfg0.trainer.max_steps
+    losses: list[list[float]] = [[] for _ in runs]
+    times: dict[str, list[float]] = {"data": [], "step": []}
+    packed.train()
+    try:
+        for step in tqdm(range(max_steps), desc=f"pack of {n}", dynamic_ncols=True, mininterval=2.0):
+            t0 = time.perf_counter()
+            xs, ys = [], []
+            for m, stream in zip(members, streams):
+                torch.set_rng_state(m.rng)
+                x, y = next(stream)
+                m.rng = torch.get_rng_state()
+                xs.append(x)
+                ys.append(y)
+            x, y = torch.stack(xs).to(device), torch.stack(ys).to(device)
+            t1 = time.perf_counter()
+            was_frozen = set(stepper.divergences)
+            values = stepper.step(x, y, step).losses.tolist()
+            times["data"].append(1000 * (t1 - t0))
+            times["step"].append(1000 * (time.perf_counter() - t1))
+            for i, run in enumerate(runs):
+                if i in stepper.divergences:
+                    if i not in was_frozen:
+                        log.warning(f"{members[i].job.name}: diverged at step "
+                                    f"{stepper.divergences[i].step}: {stepper.divergences[i].reason}; "
+                                    "frozen, the other runs go on")
+                    continue
+                losses[i].append(values[i])
+                done = step + 1
+                if done % run.cfg.trainer.eval_every == 0 or done == max_steps:
+                    try:
+                        run.evaluate(done, losses[i], times, _rng(members[i]))
+                    except DegenerateBatchesError as err:
+                        stepper.divergences[i] = Divergence(done, f"DegenerateBatchesError: {err}")
+                        log.warning(f"{members[i].job.name}: stopped at step {done}: {err}")
+                    losses[i] = []
+        per_run = {k: statistics.median(v) / n for k, v in times.items() if v}
+        timing = {**per_run, "step": sum(per_run.values()),
+                  **{f"pack_{k}": statistics.median(v) for k, v in times.items() if v}}
+        out = []
+        for i, (m, run) in enumerate(zip(members, runs)):
+            div = stepper.divergences.get(i)
+            out.append(run.results(timing, m.job.choices,
+                                   packed={"size": n, "index": i},
+                                   diverged={"step": div.step, "reason": div.reason} if div else None))
+            if run.rows:
+                run.logger.summary({f"final/{k}": v for k, v in run.rows[-1].items()})
+        return out
+    finally:
+        for run in runs:
+            run.logger.finish()

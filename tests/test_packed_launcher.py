@@ -1,0 +1,119 @@
+"""``hydra/launcher=packed`` (issue 9 items 1 and 5): a packed multirun writes one complete run folder
+per job whose first-step training loss is the one ``train.py`` logs for the same overrides;
+incompatible jobs split into packs with a message; a diverging run is recorded, the others go on.
+
+Losses are compared with a relative tolerance of 1e-6, not bitwise: a packed forward sums the
+grouped convolutions in another order than the separate one (packed/model.py; on digits' MLP they
+happen to agree bitwise).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+import torch
+from torch.utils.data import Subset
+
+import train
+from packed.launch import Job, group, train_packed
+
+ROOT = train.Path(__file__).resolve().parents[1]
+RUN_FILES = ("metrics.csv", "results.json", "last.pt", "best.pt", ".hydra/config.yaml")
+
+
+def first_loss(run_dir) -> float:
+    return float(pd.read_csv(run_dir / "metrics.csv")["train_loss"].iloc[0])
+
+
+def multirun(tmp_path, *overrides: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "train.py", "-m", *overrides, "hydra/launcher=packed",
+           f"hydra.sweep.dir={tmp_path}"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def test_packed_multirun_equals_train_py_first_step(compose_cfg, tmp_path):
+    sweep = ["dataset=digits", "objective=ce,auc_lp", "optimizer.lr=0.1,0.01", "seed=0,1",
+             "trainer.max_steps=2", "trainer.eval_every=1"]
+    proc = multirun(tmp_path / "sweep", *sweep)
+    out = proc.stdout + proc.stderr
+    assert "8 jobs in 1 pack(s)" in out
+    assert ("on the CPU" in out) != torch.cuda.is_available()
+    folders = sorted((tmp_path / "sweep").glob("[0-9]*"))
+    assert len(folders) == 8
+    keys = None
+    for folder in folders:
+        assert all((folder / f).is_file() for f in RUN_FILES), folder
+        results = json.loads((folder / "results.json").read_text())
+        assert results["diverged"] is None and results["packed"]["size"] == 8
+        assert results["final"]["step"] == 2
+        keys = keys or set(results)
+        cfg = results["config"]
+        overrides = ["dataset=digits", f"objective={results['choices']['objective']}",
+                     f"optimizer.lr={cfg['optimizer']['lr']}", f"seed={cfg['seed']}",
+                     "trainer.max_steps=1"]
+        alone = train.train(compose_cfg(overrides), tmp_path / "alone" / folder.name)
+        assert set(alone) <= keys   # train.py's schema, plus "packed" and "diverged"
+        assert math.isclose(first_loss(folder), alone["final"]["train_loss"], rel_tol=1e-6), folder.name
+
+
+def test_incompatible_jobs_split_into_packs_with_the_key(tmp_path):
+    proc = multirun(tmp_path, "dataset=digits", "dataset.task=binary,multiclass", "trainer.max_steps=1")
+    out = proc.stdout + proc.stderr
+    assert "2 jobs in 2 pack(s)" in out
+    assert "split on: dataset.task (binary vs multiclass), num_classes (2 vs 3)" in out
+    assert len(list(tmp_path.glob("*/results.json"))) == 2
+
+
+def test_group_by_key_and_max_pack():
+    keys = [{"model": "a"}, {"model": "b"}, {"model": "a"}, {"model": "a"}]
+    assert group(keys) == ([[0, 2, 3], [1]], ["model"])
+    assert group(keys, max_pack=2) == ([[0, 2], [3], [1]], ["model"])
+
+
+def test_diverging_run_is_recorded_and_the_others_go_on(compose_cfg, tmp_path):
+    short = ["dataset=digits", "trainer.max_steps=4", "trainer.eval_every=2"]
+    jobs = [Job(compose_cfg(short), tmp_path / "ce", name="ce"),
+            Job(compose_cfg([*short, "objective._target_=tests.test_train.ExplodingLoss",
+                             "~objective.label_smoothing"]), tmp_path / "nan", name="nan")]
+    ce, nan = train_packed(jobs)
+    assert nan["diverged"]["step"] == 1 and "loss is nan" in nan["diverged"]["reason"]
+    assert nan["final"] is None and (tmp_path / "nan" / "results.json").is_file()
+    alone = train.train(compose_cfg(short), tmp_path / "alone")
+    assert ce["diverged"] is None
+    assert pd.read_csv(tmp_path / "ce" / "metrics.csv")["train_loss"].tolist() == pytest.approx(
+        pd.read_csv(tmp_path / "alone" / "metrics.csv")["train_loss"].tolist(), rel=1e-6)
+
+
+def test_resume_is_refused_with_a_hint(compose_cfg, tmp_path):
+    (outcome,) = train_packed([Job(compose_cfg(["dataset=digits", "resume=true"]), tmp_path, name="r")])
+    assert isinstance(outcome, Exception) and "train.py resume=true" in str(outcome)
+
+
+@pytest.mark.data
+def test_cifar10_packed_first_step_equals_train_py(compose_cfg, data_root, tmp_path, monkeypatch):
+    """CIFAR-10 / ResNet-18: evaluation on 64 images of each split keeps this under a minute."""
+    evaluate = train.evaluate
+
+    def small_eval(model, bundle, split, cfg, device):
+        data = getattr(bundle, split)
+        few = Subset(data, range(0, len(data), len(data) // 64))   # strided: splits are label-sorted
+        return evaluate(model, dataclasses.replace(bundle, **{split: few}), split, cfg, device)
+
+    monkeypatch.setattr(train, "evaluate", small_eval)
+    base = ["dataset=cifar10", f"dataset.root={data_root}", "trainer.max_steps=1",
+            "trainer.eval_batch_size=64", "device=cpu"]
+    jobs = [Job(compose_cfg([*base, f"objective={o}", f"seed={s}"]), tmp_path / f"{o}{s}", name=o)
+            for o, s in (("ce", 0), ("auc_lp", 1))]
+    for job, packed in zip(jobs, train_packed(jobs)):
+        assert packed["diverged"] is None and packed["packed"]["size"] == 2
+        alone = train.train(job.cfg, tmp_path / "alone" / job.run_dir.name)
+        assert math.isclose(packed["final"]["train_loss"], alone["final"]["train_loss"], rel_tol=1e-6)
