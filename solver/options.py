@@ -1,8 +1,9 @@
 """Solver options (``solve_lp(..., **options)`` / ``LPLayer(**options)``), with why each default."""
 from __future__ import annotations
 
+import copy
 import math
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
@@ -67,7 +68,7 @@ class SolverOptions:
 
     def resolved(self, dtype: torch.dtype, separable: bool = False) -> "SolverOptions":
         f64 = dtype == torch.float64
-        out = replace(self)
+        out = copy.copy(self)       # self was validated; replace() would check every field again
         if out.eps is None:
             out.eps = 1e-4 if separable else 0.1
         if out.step == "auto":
