@@ -208,8 +208,12 @@ class Run:
         self.scheduler = torch.optim.lr_scheduler.MultiStepLR(
             self.optimizer, milestones=list(cfg.scheduler.milestones), gamma=cfg.scheduler.gamma)
 
-    def evaluate(self, step: int, losses: list[float], timings: dict, rng: dict) -> dict[str, Any]:
+    def evaluate(self, step: int, losses: list[float], timings: dict,
+                 rng: Callable[[], dict] | None = None) -> dict[str, Any]:
         """Evaluate at ``step``, append the row and write metrics, best and last checkpoint.
+
+        ``rng`` (default :func:`rng_state`) is called after the evaluation, whose loaders draw
+        from torch's RNG: the checkpoint holds the state the next training step starts from.
 
         Raises :class:`DegenerateBatchesError` if the interval's batches were all degenerate."""
         cfg, run_dir = self.cfg, self.run_dir
@@ -233,7 +237,7 @@ class Run:
         runfolder.save_checkpoint(
             {"step": step, "model": self.model.state_dict(), "objective": self.objective.state_dict(),
              "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-             "rows": self.rows, "best": self.best, "timings": timings, "rng": rng,
+             "rows": self.rows, "best": self.best, "timings": timings, "rng": (rng or rng_state)(),
              "config": self.resolved, "launches": self.launches, "hydra_files": self.hydra_files},
             run_dir)
         self.ckpt_step = step
@@ -347,7 +351,7 @@ def train(cfg: DictConfig, run_dir: Path, choices: dict[str, str] | None = None)
             if step % cfg.trainer.log_every == 0:
                 bar.set_postfix(loss=f"{statistics.fmean(losses[-cfg.trainer.log_every:]):.4f}")
             if step % cfg.trainer.eval_every == 0 or step == cfg.trainer.max_steps:
-                row = run.evaluate(step, losses, timer.samples, rng_state())
+                row = run.evaluate(step, losses, timer.samples)
                 losses = []
                 bar.write(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                                    for k, v in row.items()))

@@ -29,14 +29,12 @@ item 3 is not this module).
 from __future__ import annotations
 
 import logging
-import random
 import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
@@ -141,11 +139,6 @@ def train_packed(jobs: list[Job], max_pack: int | None = None) -> list[Any]:
     return outcomes
 
 
-def _rng(member: _Member) -> dict[str, Any]:
-    """The checkpoint's RNG record: the run's own torch state (the others are shared)."""
-    return {"torch": member.rng, "numpy": np.random.get_state(), "python": random.getstate()}
-
-
 def _train_pack(members: list[_Member]) -> list[dict[str, Any]]:
     runs = [m.run for m in members]
     cfg0, n = runs[0].cfg, len(runs)
@@ -187,11 +180,15 @@ def _train_pack(members: list[_Member]) -> list[dict[str, Any]]:
                 losses[i].append(values[i])
                 done = step + 1
                 if done % run.cfg.trainer.eval_every == 0 or done == max_steps:
+                    # evaluation's loaders draw from torch's RNG, as in train.py: from the run's own
+                    torch.set_rng_state(members[i].rng)
                     try:
-                        run.evaluate(done, losses[i], times, _rng(members[i]))
+                        run.evaluate(done, losses[i], times, train.rng_state)
                     except DegenerateBatchesError as err:
                         stepper.divergences[i] = Divergence(done, f"DegenerateBatchesError: {err}")
                         log.warning(f"{members[i].job.name}: stopped at step {done}: {err}")
+                    finally:
+                        members[i].rng = torch.get_rng_state()
                     losses[i] = []
         per_run = {k: statistics.median(v) / n for k, v in times.items() if v}
         timing = {**per_run, "step": sum(per_run.values()),

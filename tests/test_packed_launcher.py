@@ -100,7 +100,8 @@ def test_resume_is_refused_with_a_hint(compose_cfg, tmp_path):
 
 @pytest.mark.data
 def test_cifar10_packed_first_step_equals_train_py(compose_cfg, data_root, tmp_path, monkeypatch):
-    """CIFAR-10 / ResNet-18: evaluation on 64 images of each split keeps this under a minute."""
+    """CIFAR-10 / ResNet-18 with augmentation, two steps with an evaluation between them;
+    evaluation on 64 images of each split keeps this under a minute."""
     evaluate = train.evaluate
 
     def small_eval(model, bundle, split, cfg, device):
@@ -109,11 +110,15 @@ def test_cifar10_packed_first_step_equals_train_py(compose_cfg, data_root, tmp_p
         return evaluate(model, dataclasses.replace(bundle, **{split: few}), split, cfg, device)
 
     monkeypatch.setattr(train, "evaluate", small_eval)
-    base = ["dataset=cifar10", f"dataset.root={data_root}", "trainer.max_steps=1",
-            "trainer.eval_batch_size=64", "device=cpu"]
+    base = ["dataset=cifar10", f"dataset.root={data_root}", "trainer.max_steps=2",
+            "trainer.eval_every=1", "trainer.eval_batch_size=64", "device=cpu"]
     jobs = [Job(compose_cfg([*base, f"objective={o}", f"seed={s}"]), tmp_path / f"{o}{s}", name=o)
             for o, s in (("ce", 0), ("auc_lp", 1))]
     for job, packed in zip(jobs, train_packed(jobs)):
         assert packed["diverged"] is None and packed["packed"]["size"] == 2
-        alone = train.train(job.cfg, tmp_path / "alone" / job.run_dir.name)
-        assert math.isclose(packed["final"]["train_loss"], alone["final"]["train_loss"], rel_tol=1e-6)
+        alone_dir = tmp_path / "alone" / job.run_dir.name
+        alone = train.train(job.cfg, alone_dir)
+        assert math.isclose(first_loss(job.run_dir), first_loss(alone_dir), rel_tol=1e-6)
+        # step 2: the weights differ by rounding only, but another crop / flip (an RNG draw
+        # shifted by the evaluation's loader) would change the loss by far more than 1e-4
+        assert math.isclose(packed["final"]["train_loss"], alone["final"]["train_loss"], rel_tol=1e-4)
