@@ -254,8 +254,18 @@ def recover_guess(prob, x, *, method, cg_tol=1e-12, cg_max_iter=1000, accept_tol
     # no refinement: the correction K_T^+ F(x) is itself at roundoff for an exact guess (its
     # error is cond(K_T) eps times that), and a guess that is off fails the KKT check
     z, system = _solve_active(prob, x, wA, wz, method, cg_tol, cg_max_iter, refine=0)
-    uA, uz, uE, primal_inf, dual_res, gap, value = _certify(prob, z, system, None, accept_tol,
-                                                            method)
+    cert = _certify(prob, z, system, None, accept_tol, method)
+    if not bool((_kkt(cert[3:6]) <= accept_tol).all()):
+        # a degenerate vertex (more tight rows than variables, e.g. P@R's recall row at the
+        # reachable recall): the least-norm fit over all of T can give a row a negative
+        # multiplier.  Such a row only binds in the infeasible direction, so it leaves T (as
+        # the eps loop's T leaves it: same vertex, same backward) and T is certified again
+        wA = wA * (cert[0] >= 0)
+        wz = wz * (cert[1] >= 0)
+        system = NewtonSystem(prob, wA, wz, torch.zeros_like(prob.c_scale), method, pinv=True,
+                              cg_tol=cg_tol, cg_max_iter=cg_max_iter)
+        cert = _certify(prob, z, system, None, accept_tol, method)
+    uA, uz, uE, primal_inf, dual_res, gap, value = cert
     # T needs no pruning (_finish): its rows are tight at z to roundoff, far inside _tight's
     # sqrt(eps) tolerance, so _finish would keep every one of them
     return Recovery(z, wA, wz, uA, uz, uE, primal_inf, dual_res, gap, value, system)

@@ -68,25 +68,37 @@ def test_loss_and_gradient_equal_the_closed_form(name, bound, config):
 
 
 @pytest.mark.parametrize("config", list(CONFIGS))
-def test_precision_at_recall_matches_highs(config):
-    """P@R's recall row can bind (the guess is then not the optimum): the value equals HiGHS's
-    either way, and where the row is slack the gradient equals the closed form."""
+def test_precision_at_recall_matches_highs_and_the_closed_form(config):
+    """P@R: the recall row is slack, or (recipe: alpha lowered to the reachable recall) tight
+    at a degenerate vertex, where the least-norm multipliers on all tight rows go negative and
+    the certificate refits on the positive ones.  Value = HiGHS's, loss and gradient = the
+    closed form plus the recall penalty, with no Newton step either way."""
     loss_fn = LOSSES["p@r"](**CONFIGS[config])
     for seed in range(10):
         logits, labels = batch(seed)
         y = labels.double()
         phi = phi_closed_form(logits, y, CONFIGS[config].get("margin", 0.0))
-        value, _ = loss_fn.lp_value(phi, y)
+        value, _ = loss_fn.lp_value(phi.detach(), y)
         assert abs(value.item() - highs_value(loss_fn.build_lp(phi.detach(), y))) <= 1e-9
+        loss = loss_fn(logits, labels)
+        (grad,) = torch.autograd.grad(loss, logits)
+        ref = -ratio_closed_form("p@r", phi, y, "max") \
+            + torch.relu(0.6 - (y * box_bounds(phi)[1]).sum() / y.sum())
+        (ref_grad,) = torch.autograd.grad(ref, logits)
+        assert abs(loss.item() - ref.item()) <= TOL
+        assert (grad - ref_grad).abs().max().item() <= TOL
+        assert loss_fn.pop_stats()["lp_iterations"] == 0.0
 
 
-def test_newton_path_gives_the_same_solution():
-    """The eps loop (no guess) and the certified guess return the same vertex and gradient."""
+@pytest.mark.parametrize("name", ["f1", "p@r"])
+def test_newton_path_gives_the_same_solution(name):
+    """The eps loop (no guess) and the certified guess return the same vertex and gradient
+    (recipe scores: 1e-6 boxes; for P@R a tight recall row, a degenerate vertex)."""
     for seed in range(5):
         logits, labels = batch(seed)
         y = labels.double()
         phi = phi_closed_form(logits, y, 0.5).detach().requires_grad_(True)
-        lp = LOSSES["f1"]().build_lp(phi, y)
+        lp = LOSSES[name]().build_lp(phi, y)
         out = []
         for guess in (lp.guess, None):
             sol = solve_lp(lp.c, lp.A, lp.b, lp.A_eq, lp.b_eq, vertex_guess=guess)
