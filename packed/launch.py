@@ -42,6 +42,7 @@ from tqdm import tqdm
 
 import train
 from builders import resolve_device
+from runfolder import _flatten
 from guards import DegenerateBatchesError
 from packed.model import pack
 from packed.step import Divergence, PackedStep
@@ -76,8 +77,13 @@ class _Member:
 
 def pack_key(cfg: DictConfig, run: train.Run) -> dict[str, Any]:
     """The values a job must share with its pack mates."""
-    key = {k: OmegaConf.to_container(v, resolve=True) if isinstance(v, DictConfig) else v
-           for k in PACK_KEYS for v in [OmegaConf.select(cfg, k)]}
+    key: dict[str, Any] = {}
+    for k in PACK_KEYS:   # a group (``model``) by its leaves, so the log names ``model.hidden``
+        value = OmegaConf.select(cfg, k)
+        if isinstance(value, DictConfig):
+            key.update({f"{k}.{leaf}": v for leaf, v in _flatten(OmegaConf.to_container(value, resolve=True)).items()})
+        else:
+            key[k] = value
     key["input_shape"] = list(run.bundle.input_shape)
     key["num_classes"] = run.bundle.num_classes
     return key
@@ -107,8 +113,10 @@ def _describe(keys: list[dict[str, Any]], packs: list[list[int]], differing: lis
 
 
 def train_packed(jobs: list[Job], max_pack: int | None = None) -> list[Any]:
-    """Train ``jobs`` as packs; returns per job its ``results.json`` dict or the user error that
-    stopped its preparation (bad config, missing data), in the jobs' order."""
+    """Train ``jobs`` as packs; returns per job its ``results.json`` dict or the exception that
+    stopped its preparation (bad config, missing data, an optimizer that cannot be built), in
+    the jobs' order; the other jobs run (as under Hydra's basic launcher, the multirun then
+    exits with the first failed job's error)."""
     outcomes: list[Any] = [None] * len(jobs)
     members: dict[int, _Member] = {}
     for i, job in enumerate(jobs):
@@ -119,7 +127,8 @@ def train_packed(jobs: list[Job], max_pack: int | None = None) -> list[Any]:
             train.validate(job.cfg)
             device = resolve_device(job.cfg.device)
             run, _ = train.prepare_run(job.cfg, job.run_dir, device)
-        except (*train.USER_ERRORS, PackedLaunchError) as err:
+            run.attach_optimizer()   # a bad optimizer config fails this job now, not its pack
+        except Exception as err:   # as Hydra's run_job: this job fails, the others still run
             log.error(f"{job.name}: not run: {type(err).__name__}: {err}")
             outcomes[i] = err
             continue

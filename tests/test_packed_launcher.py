@@ -93,6 +93,14 @@ def test_diverging_run_is_recorded_and_the_others_go_on(compose_cfg, tmp_path):
         pd.read_csv(tmp_path / "alone" / "metrics.csv")["train_loss"].tolist(), rel=1e-6)
 
 
+def test_a_job_that_cannot_be_built_fails_alone(compose_cfg, tmp_path):
+    short = ["dataset=digits", "trainer.max_steps=2"]
+    good, bad = train_packed([Job(compose_cfg(short), tmp_path / "good", name="good"),
+                              Job(compose_cfg([*short, "optimizer=pesg"]), tmp_path / "bad", name="bad")])
+    assert isinstance(bad, TypeError) and "optimizer=pesg needs" in str(bad)
+    assert good["final"]["step"] == 2 and good["packed"]["size"] == 1
+
+
 def test_resume_is_refused_with_a_hint(compose_cfg, tmp_path):
     (outcome,) = train_packed([Job(compose_cfg(["dataset=digits", "resume=true"]), tmp_path, name="r")])
     assert isinstance(outcome, Exception) and "train.py resume=true" in str(outcome)
