@@ -72,7 +72,9 @@ class Job:
 class _Member:
     job: Job
     run: train.Run
-    rng: torch.Tensor   # the run's own torch RNG state (augmentation draws)
+    rng: torch.Tensor   # the run's own torch RNG state (augmentation draws, eval loaders)
+    stream: Any = None  # its train.batch_stream
+    losses: list = field(default_factory=list)   # training losses since its last evaluation
 
 
 def pack_key(cfg: DictConfig, run: train.Run) -> dict[str, Any]:
@@ -148,69 +150,76 @@ def train_packed(jobs: list[Job], max_pack: int | None = None) -> list[Any]:
     return outcomes
 
 
+def _draw(members: list[_Member], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each run's next batch from its own stream, under its own torch RNG state, stacked."""
+    xs, ys = [], []
+    for m in members:
+        torch.set_rng_state(m.rng)
+        x, y = next(m.stream)
+        m.rng = torch.get_rng_state()
+        xs.append(x)
+        ys.append(y)
+    return torch.stack(xs).to(device), torch.stack(ys).to(device)
+
+
+def _evaluate(m: _Member, i: int, step: int, stepper: PackedStep, times: dict) -> None:
+    """``train.py``'s evaluation of run ``i``; an all-empty interval freezes it (recorded)."""
+    torch.set_rng_state(m.rng)   # evaluation's loaders draw from torch's RNG, as in train.py
+    try:
+        m.run.evaluate(step, m.losses, times, train.rng_state)
+    except DegenerateBatchesError as err:
+        stepper.divergences[i] = Divergence(step, f"DegenerateBatchesError: {err}")
+        log.warning(f"{m.job.name}: stopped at step {step}: {err}")
+    finally:
+        m.rng = torch.get_rng_state()
+    m.losses = []
+
+
 def _train_pack(members: list[_Member]) -> list[dict[str, Any]]:
     runs = [m.run for m in members]
-    cfg0, n = runs[0].cfg, len(runs)
+    n, max_steps, device = len(runs), runs[0].cfg.trainer.max_steps, runs[0].device
     packed = pack([r.model for r in runs])
-    for run, view in zip(runs, packed.models):
-        run.attach_optimizer(view)
-        run.logger = instantiate(run.cfg.logger, _partial_=True)(run_dir=str(run.run_dir),
-                                                                 config=run.resolved)
+    for m, view in zip(members, packed.models):
+        m.run.attach_optimizer(view)
+        m.run.logger = instantiate(m.run.cfg.logger, _partial_=True)(run_dir=str(m.run.run_dir),
+                                                                     config=m.run.resolved)
+        m.stream = train.batch_stream(m.run.bundle.train, m.run.cfg.trainer.batch_size, m.run.cfg.seed)
     stepper = PackedStep(packed, [r.objective for r in runs], [r.optimizer for r in runs],
                          [r.scheduler for r in runs], [r.cfg.trainer.max_grad_norm for r in runs])
-    streams = [train.batch_stream(r.bundle.train, cfg0.trainer.batch_size, r.cfg.seed) for r in runs]
-    device, max_steps = runs[0].device, cfg0.trainer.max_steps
-    losses: list[list[float]] = [[] for _ in runs]
     times: dict[str, list[float]] = {"data": [], "step": []}
     packed.train()
     try:
         for step in tqdm(range(max_steps), desc=f"pack of {n}", dynamic_ncols=True, mininterval=2.0):
             t0 = time.perf_counter()
-            xs, ys = [], []
-            for m, stream in zip(members, streams):
-                torch.set_rng_state(m.rng)
-                x, y = next(stream)
-                m.rng = torch.get_rng_state()
-                xs.append(x)
-                ys.append(y)
-            x, y = torch.stack(xs).to(device), torch.stack(ys).to(device)
+            x, y = _draw(members, device)
             t1 = time.perf_counter()
             was_frozen = set(stepper.divergences)
             values = stepper.step(x, y, step).losses.tolist()
             times["data"].append(1000 * (t1 - t0))
             times["step"].append(1000 * (time.perf_counter() - t1))
-            for i, run in enumerate(runs):
+            for i, m in enumerate(members):
                 if i in stepper.divergences:
                     if i not in was_frozen:
-                        log.warning(f"{members[i].job.name}: diverged at step "
-                                    f"{stepper.divergences[i].step}: {stepper.divergences[i].reason}; "
+                        div = stepper.divergences[i]
+                        log.warning(f"{m.job.name}: diverged at step {div.step}: {div.reason}; "
                                     "frozen, the other runs go on")
                     continue
-                losses[i].append(values[i])
-                done = step + 1
-                if done % run.cfg.trainer.eval_every == 0 or done == max_steps:
-                    # evaluation's loaders draw from torch's RNG, as in train.py: from the run's own
-                    torch.set_rng_state(members[i].rng)
-                    try:
-                        run.evaluate(done, losses[i], times, train.rng_state)
-                    except DegenerateBatchesError as err:
-                        stepper.divergences[i] = Divergence(done, f"DegenerateBatchesError: {err}")
-                        log.warning(f"{members[i].job.name}: stopped at step {done}: {err}")
-                    finally:
-                        members[i].rng = torch.get_rng_state()
-                    losses[i] = []
-        per_run = {k: statistics.median(v) / n for k, v in times.items() if v}
+                m.losses.append(values[i])
+                if (step + 1) % m.run.cfg.trainer.eval_every == 0 or step + 1 == max_steps:
+                    _evaluate(m, i, step + 1, stepper, times)
+        # per run: the pack's medians shared out; pack_*: the whole pack's step
+        per_run = {k: statistics.median(v) / n for k, v in times.items()}
         timing = {**per_run, "step": sum(per_run.values()),
-                  **{f"pack_{k}": statistics.median(v) for k, v in times.items() if v}}
+                  **{f"pack_{k}": statistics.median(v) for k, v in times.items()}}
         out = []
-        for i, (m, run) in enumerate(zip(members, runs)):
+        for i, m in enumerate(members):
             div = stepper.divergences.get(i)
-            out.append(run.results(timing, m.job.choices,
-                                   packed={"size": n, "index": i},
-                                   diverged={"step": div.step, "reason": div.reason} if div else None))
-            if run.rows:
-                run.logger.summary({f"final/{k}": v for k, v in run.rows[-1].items()})
+            out.append(m.run.results(timing, m.job.choices, packed={"size": n, "index": i},
+                                     diverged={"step": div.step, "reason": div.reason} if div else None))
+            if m.run.rows:
+                m.run.logger.summary({f"final/{k}": v for k, v in m.run.rows[-1].items()})
         return out
     finally:
         for run in runs:
-            run.logger.finish()
+            if run.logger is not None:
+                run.logger.finish()
