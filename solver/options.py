@@ -27,6 +27,17 @@ class SolverOptions:
     # needs <= 3 steps from any start, so start small and skip the stages.
     eps: float | None = None
     eps_decay: float = 0.1
+    # Newton-only stages before the first eps (no recovery, warm-started, x eps_decay down to
+    # eps), from eps_warmup * (1 + |b|_inf) relative to |c|_inf; None: 1 for coupled
+    # problems, 0 (off) for separable ones or with a warm_start.  Why: the penalty is
+    # eps^2 g(z / eps) with b / eps in place of b, so at a large eps the rows pass near
+    # z = 0 and the first Newton steps see many of them; at eps = 0.1 the start z = 0 lies
+    # deep inside the rows, the generalized Hessian is ~delta I and the exact line search
+    # activates a few rows per step.  Random sparse LP (n = 500, scripts/time_sparse_lp.py):
+    # 168 Newton steps (100 at the first eps) -> 94 (warm-up 1), 79 (10), 73 (1e3), same
+    # vertex; test_solver_oracle's 120 random LPs: 3835 steps -> 3835, 4116, 4583 (a small
+    # LP pays for the extra stages), so 1
+    eps_warmup: float | None = None
     max_eps_steps: int = 10         # 1 -> 1e-10: far below any well-scaled LP's eps-bar
     max_iter: int = 100             # Newton iterations per eps (typically 2-30)
     tol: float | None = None        # KKT tolerance; None: 1e-8 (float64), 1e-4 (float32)
@@ -71,6 +82,8 @@ class SolverOptions:
         out = copy.copy(self)       # self was validated; replace() would check every field again
         if out.eps is None:
             out.eps = 1e-4 if separable else 0.1
+        if out.eps_warmup is None:
+            out.eps_warmup = 0.0 if separable or out.warm_start is not None else 1.0
         if out.step == "auto":
             out.step = "fixed" if separable else "exact"
         if out.tol is None:
@@ -109,6 +122,10 @@ class SolverOptions:
                f"linear_solver={self.linear_solver!r} must be auto, " + ", ".join(LINEAR_SOLVERS))
         for name in ("eps", "tol", "cg_tol"):
             yield pos(name)
+        yield (self.eps_warmup is None or (_is_real(self.eps_warmup)
+                                           and math.isfinite(self.eps_warmup)
+                                           and self.eps_warmup >= 0),
+               f"eps_warmup={self.eps_warmup!r} must be a finite number >= 0 (0: off) or None")
         for name in ("step_size", "active_tol"):
             yield pos(name, allow_none=False)
         yield (_is_real(self.max_norm) and self.max_norm > 0,   # inf: never call it divergence

@@ -15,6 +15,7 @@ minimization", JMLR 7):
 """
 from __future__ import annotations
 
+import math
 import time
 import warnings
 from dataclasses import fields
@@ -99,6 +100,29 @@ def run_from_guess(prob, opts, method):
             "diverged": torch.zeros_like(done), "iterations": zeros, "eps_steps": zeros, "cg_iterations": 0}
 
 
+def _warmup(prob, z, eps, opts, method, delta, sketch):
+    """Newton from ``eps * decay^-k`` down to ``eps / decay`` (the first ``k`` with
+    ``eps * decay^-k >= eps_warmup * max(h_scale)``), no recovery (see
+    :class:`solver.options.SolverOptions`).  An LP whose iterate diverges at a large eps
+    (an infeasible or unbounded one) keeps its start: the eps loop diagnoses it."""
+    iters = torch.zeros(prob.B, dtype=torch.long, device=prob.device)
+    if not opts.eps_warmup:
+        return z, iters
+    top = opts.eps_warmup * float(prob.h_scale.max())
+    k = math.ceil(math.log(top / opts.eps) / -math.log(opts.eps_decay)) if top > opts.eps else 0
+    ok = torch.ones(prob.B, dtype=torch.bool, device=prob.device)
+    for j in range(min(k, 12), 0, -1):
+        z_new, info = newton_penalty(prob, z, eps * opts.eps_decay ** -j, method=method,
+                                     delta=delta, tol=0.1 * opts.tol, max_iter=opts.max_iter,
+                                     step=opts.step, step_size=opts.step_size,
+                                     max_norm=opts.max_norm, update=ok, cg_tol=opts.cg_tol,
+                                     cg_max_iter=opts.cg_max_iter, sketch=sketch)
+        ok = ok & ~info["diverged"]
+        z = torch.where(ok.unsqueeze(-1), z_new, z)
+        iters = iters + info["iterations"]
+    return z, iters
+
+
 def run_eps_loop(prob, z, eps, opts, method, extra_steps=0):
     """Steps 1-3 for the whole batch; returns a dict describing the final state.
 
@@ -112,7 +136,10 @@ def run_eps_loop(prob, z, eps, opts, method, extra_steps=0):
     diverged = torch.zeros_like(done)
     iters = torch.zeros(B, dtype=torch.long, device=prob.device)
     steps = torch.zeros_like(iters)
-    acc, zp_acc, cg_total = None, z, 0
+    acc, cg_total = None, 0
+    z, warm_iters = _warmup(prob, z, eps, opts, method, delta, sketch)
+    iters = iters + warm_iters
+    zp_acc = z
     for stage in range(opts.max_eps_steps + 1):
         todo = ~done & ~diverged
         # Newton's own stopping tolerance is tighter than the KKT check it feeds
