@@ -11,6 +11,7 @@ Each row times fwd+bwd (``(z * w).sum().backward()``) of ``solve_lp`` under one
 (``scipy.optimize.linprog(method="highs")``), in float64 on one CPU thread.  Run:
 
     OMP_NUM_THREADS=1 python scripts/time_sparse_lp.py [--repeats 3] [--solvers cholesky,auto]
+        [--eps-warmup 0,1,10]   # Newton steps and time with and without the eps warm-up
 """
 from __future__ import annotations
 
@@ -94,6 +95,9 @@ def main():
                     help="linear_solver settings to time (cholesky: what auto picked before "
                          "the sparse factorisation; auto: what it picks now)")
     ap.add_argument("--cases", default="auc,sparse")
+    ap.add_argument("--eps-warmup", default="",
+                    help="comma list of eps_warmup values, each timed with linear_solver=auto "
+                         "(0: no warm-up, the eps loop before issue 11 item 2)")
     ap.add_argument("--highs-forward", action="store_true",
                     help="also time forward='highs' (fwd+bwd)")
     ap.add_argument("--cvxpylayers", action="store_true",
@@ -110,6 +114,8 @@ def main():
         print(f"{name:8} {'HiGHS forward':24} {1e3 * th:9.1f} {1.0:8.2f}")
         w = torch.tensor(np.random.default_rng(1).standard_normal(len(c)))
         variants = [(f"newton {s}", dict(linear_solver=s)) for s in args.solvers.split(",")]
+        variants += [(f"newton eps_warmup={w}", dict(eps_warmup=float(w)))
+                     for w in args.eps_warmup.split(",") if w]
         if args.highs_forward:
             variants.append(("forward=highs", dict(forward="highs")))
         for label, kw in variants:
