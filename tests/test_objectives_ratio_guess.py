@@ -90,15 +90,17 @@ def test_precision_at_recall_matches_highs_and_the_closed_form(config):
         assert loss_fn.pop_stats()["lp_iterations"] == 0.0
 
 
+@pytest.mark.parametrize("safeguard", ["drop_redundant", "none"])
 @pytest.mark.parametrize("name", ["f1", "p@r"])
-def test_newton_path_gives_the_same_solution(name):
+def test_newton_path_gives_the_same_solution(name, safeguard):
     """The eps loop (no guess) and the certified guess return the same vertex and gradient
-    (recipe scores: 1e-6 boxes; for P@R a tight recall row, a degenerate vertex)."""
+    (recipe scores: 1e-6 boxes; for P@R a tight recall row; safeguard="none": the paper's
+    redundant rows, a degenerate vertex)."""
     for seed in range(5):
         logits, labels = batch(seed)
         y = labels.double()
         phi = phi_closed_form(logits, y, 0.5).detach().requires_grad_(True)
-        lp = LOSSES[name]().build_lp(phi, y)
+        lp = LOSSES[name](safeguard=safeguard).build_lp(phi, y)
         out = []
         for guess in (lp.guess, None):
             sol = solve_lp(lp.c, lp.A, lp.b, lp.A_eq, lp.b_eq, vertex_guess=guess)
