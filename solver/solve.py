@@ -4,8 +4,11 @@ Algorithm (seed 002 sec. 4; Mangasarian 2004, "A Newton method for linear progra
 121; Mangasarian 2006, "Exact 1-norm SVMs via unconstrained convex differentiable
 minimization", JMLR 7):
 
+0. with ``vertex_guess`` (a caller's closed-form vertex): certify it by one active-set solve and
+   the KKT check of step 2; when every LP passes, steps 1-3 are skipped;
 1. minimise the exterior penalty :math:`g_\varepsilon` by generalized Newton
-   (:mod:`solver.newton`), warm-started across eps;
+   (:mod:`solver.newton`), warm-started across eps, after Newton-only warm-up stages at larger
+   eps (``eps_warmup``: they let the first steps see the rows, see :mod:`solver.options`);
 2. threshold the residuals into multipliers, take the active set, recover the primal vertex by
    one linear solve and check the KKT conditions (:mod:`solver.recover`);
 3. if the check fails, ``eps *= eps_decay`` and repeat (Mangasarian's eps rule: for every
