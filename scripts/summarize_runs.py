@@ -6,7 +6,8 @@ A folder argument is either a run folder (holds metrics.csv) or a folder of run 
 stopped early (no results.json) are reported at their last evaluation, with the step reached.
 ``eval.py`` records beside a run (``eval_<split>[_bntrain].json``) add a column each, e.g.
 ``test_bntrain_auc`` (``--extra-metric auc``), and ``--best`` adds the test metric at the best
-validation evaluation (``best_val`` in results.json).
+validation evaluation (``best_val`` in results.json); ``--step N`` reports the evaluation at step N
+(runs stopped by a wall-clock budget at different steps compared at a common one).
 """
 from __future__ import annotations
 
@@ -28,9 +29,12 @@ def run_folders(paths: list[Path]) -> list[Path]:
     return found
 
 
-def last_row(run: Path) -> dict[str, str]:
+def last_row(run: Path, step: int | None = None) -> dict[str, str]:
+    """The last evaluation, or the one at ``step`` (empty when the run did not reach it)."""
     with open(run / "metrics.csv", newline="") as f:
         rows = list(csv.DictReader(f))
+    if step is not None:
+        rows = [r for r in rows if int(r["step"]) == step]
     return rows[-1] if rows else {}
 
 
@@ -50,14 +54,15 @@ def extra_values(run: Path, metric: str, best: bool) -> dict[str, float]:
     return out
 
 
-def render(runs: list[Path], root: Path, metric: str = "auc", best: bool = False) -> str:
+def render(runs: list[Path], root: Path, metric: str = "auc", best: bool = False,
+           step: int | None = None) -> str:
     extras = [extra_values(run, metric, best) for run in runs]
     extra_cols = sorted({k for e in extras for k in e}, key=lambda k: (k.startswith("best"), k))
     columns = COLUMNS + extra_cols
     lines = ["| run | steps | finished | " + " | ".join(columns) + " |",
              "|---|---:|---|" + "---:|" * len(columns)]
     for run, extra in zip(runs, extras):
-        row = {**last_row(run), **extra}
+        row = {**last_row(run, step), **extra}
         cells = [(f"{row[c]}" if c == "best_val_step" else f"{float(row[c]):.3f}")
                  if row.get(c) not in (None, "") else "" for c in columns]
         full = run.resolve()
@@ -73,11 +78,12 @@ def main() -> None:
     ap.add_argument("--root", type=Path, default=Path.cwd(), help="run names are shown relative to it")
     ap.add_argument("--extra-metric", default="auc", help="metric read from eval_*.json records")
     ap.add_argument("--best", action="store_true", help="add the test metric at the best val evaluation")
+    ap.add_argument("--step", type=int, help="report the evaluation at this step (runs cut at different steps)")
     args = ap.parse_args()
     runs = run_folders(args.folders)
     if not runs:
         raise SystemExit(f"no metrics.csv under {[str(p) for p in args.folders]}")
-    print(render(runs, args.root.resolve(), args.extra_metric, args.best))
+    print(render(runs, args.root.resolve(), args.extra_metric, args.best, args.step))
 
 
 if __name__ == "__main__":

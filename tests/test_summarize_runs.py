@@ -34,3 +34,12 @@ def test_eval_records_and_best_val_become_columns(tmp_path):
     table = summarize.render([run], tmp_path, "auc", best=True).splitlines()
     assert table[0].endswith("| test_bntrain_auc | best_val_step | best_val_test_auc |")
     assert table[2].endswith("| 0.620 |  |  | 0.650 | 500 | 0.710 |")
+
+
+def test_step_selects_a_common_evaluation(tmp_path):
+    for name, rows in [("a", ["500,0.6", "1000,0.8"]), ("b", ["500,0.55"])]:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "metrics.csv").write_text("step,val_auc\n" + "\n".join(rows) + "\n")
+    lines = summarize.render([tmp_path / "a", tmp_path / "b"], tmp_path, step=500).splitlines()
+    assert lines[2].startswith("| a | 500 | stopped | 0.600 |") and lines[3].startswith("| b | 500 | stopped | 0.550 |")
+    assert summarize.render([tmp_path / "b"], tmp_path, step=1000).splitlines()[2].startswith("| b |  | stopped |  |")
