@@ -4,7 +4,7 @@
 #   DATA_ROOT=../shared/data bash scripts/lp_vs_ce_study.sh [NAME_REGEX]   (DRY=1: only list them)
 # A run whose folder already has results.json is skipped; one with a last.pt (interrupted) is
 # resumed; so the script can be restarted until everything is done. The runs are listed in
-# scripts/lp_vs_ce_runs.txt (the lr grid there is for the LP setting chosen first). Each run is
+# scripts/lp_vs_ce_runs.txt (the lr grid there is for the best LP setting). Each run is
 # scripts/lp_vs_ce_run.sh NAME OVERRIDES (5,000 steps, eval every 500, the paper's schedule).
 set -euo pipefail
 cd "$(dirname "$0")/.."
