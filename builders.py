@@ -66,18 +66,16 @@ def predict(model: nn.Module, dataset: Dataset, *, batch_size: int = 512,
     if bn_mode not in BN_MODES:
         raise ValueError(f"bn_mode must be one of {BN_MODES}, got {bn_mode!r} "
                          "(trainer.eval_bn / eval.py --bn-mode)")
-    net = model
+    was_training = model.training
     if bn_mode == "train":
         net = copy.deepcopy(model).eval()
         for m in net.modules():
             if isinstance(m, nn.modules.batchnorm._BatchNorm):
                 m.train()
-    was_training = model.training
-    if net is model:
-        model.eval()
-    order = torch.arange(len(dataset))
-    if bn_mode == "train":
         order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(0))
+    else:
+        net = model.eval()
+        order = torch.arange(len(dataset))
     batches = [idx.tolist() for idx in order.split(batch_size)]
     if bn_mode == "train" and len(batches) > 1 and len(batches[-1]) == 1:
         batches[-2:] = [batches[-2] + batches[-1]]
