@@ -5,8 +5,13 @@ HiGHS, the paper's dense recipe and the closed form, all methods in one run.
     ``DiagonalOperator``): :math:`\min 1^\top z` s.t. :math:`-z \le d - \epsilon,\ z \ge 0`,
     :math:`d_{ij} = s_i - s_j` over (positive, negative) pairs, batch 32 ... 4096, balanced and
     91 % positives; time = forward + backward of ``sum(z * w)`` (random ``w``) w.r.t. the scores.
+    The same LP through the general paths (issue 11): ``A = -I`` as a ``torch.sparse`` CSR
+    tensor (``ours_csr``) and dense (``ours_dense``), ``solver.solve_lp`` with default options.
 (b) F1 LP (seed 001 §2.4, built by :class:`objectives.ratio.F1LPLoss`): ``F1LPLoss()(logits,
     labels).backward()`` at n = 32 ... 1024, against HiGHS (forward) and cvxpylayers (fwd+bwd).
+(c) random sparse LPs with equalities (issue 11; ``bench_solver_measure.random_sparse_lp``),
+    n = 500 ... 20,000, float64: ``solve_lp`` (Newton forward; ``forward="highs"``) fwd+bwd of
+    ``sum(z * w)`` w.r.t. ``b`` against HiGHS's forward.
 
 Every (method, size) cell runs in a fresh subprocess: a warm-up call, one call whose peak memory is
 the resident-set high-water mark above the pre-call RSS (``/proc/self/clear_refs`` reset; glibc
@@ -35,17 +40,21 @@ import torch
 # Measuring one cell: bench_solver_measure.py; the report: bench_solver_report.py (siblings).
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_solver_measure import (AUC_METHODS, F1_METHODS, POSITIVES, ROOT,  # noqa: E402
-                                  dense_paper_cost, pairs_of, run_worker)
+                                  SPARSE_METHODS, dense_paper_cost, pairs_of, run_worker)
 from bench_solver_report import machine_info, report_from, write_report  # noqa: E402
 
 AUC_SIZES = [32, 64, 128, 256, 1024, 4096]
 F1_SIZES = [32, 64, 128, 256, 512, 1024]
-CAPPED = ("cvxpylayers", "dense_paper")   # skipped beyond the size where one call > cap
+SPARSE_SIZES = [500, 2000, 5000, 20000]
+CAPPED = ("cvxpylayers", "dense_paper", "ours_csr", "ours_dense",  # skipped beyond the size
+          "newton", "newton_highs", "highs")                        # where one call > cap
+MAX_MEASURE = {"ours_dense": 2_000}  # dense A = -I: M^2 entries and an M x M Newton system
 DENSE_MAX_BYTES = 4e9       # the dense recipe is skipped where it cannot fit in ~4 GB
 DENSE_MAX_S = 60.0          # ... or would take longer than this
 TIMING_BUDGET_S = 3.0       # timed calls per cell: ~this much wall time, 5..MAX_CALLS calls
 MAX_CALLS = 30              # (both passed to the worker in the cell's spec)
 CELL_TIMEOUT_S = 600
+SPARSE_TIMEOUT_S = 240      # a random sparse LP cell (warm-up + timed calls) may take this long
 
 
 def run_cell(spec, in_process=False):
@@ -53,11 +62,11 @@ def run_cell(spec, in_process=False):
     if in_process:
         return run_worker(spec)
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(spec)]
+    timeout = SPARSE_TIMEOUT_S if spec["problem"] == "sparse" else CELL_TIMEOUT_S
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=CELL_TIMEOUT_S,
-                              cwd=ROOT)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
     except subprocess.TimeoutExpired:
-        return {"skipped": f"timed out (> {CELL_TIMEOUT_S} s)"}
+        return {"skipped": f"timed out (> {timeout} s)"}
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
         tail = (proc.stderr or proc.stdout).strip().splitlines()
@@ -70,6 +79,8 @@ def skip_reason(spec, last, cap_s):
     """Why a cell is not run (``None``: run it); ``last`` = (size measure, median seconds per
     call) of the previous size of the same (problem, positives, method)."""
     m, method = spec["measure"], spec["method"]
+    if m > MAX_MEASURE.get(method, m):
+        return f"skipped (> {MAX_MEASURE[method]} pairs)"
     if method == "dense_paper":
         nbytes, _ = dense_paper_cost(m, torch.finfo(getattr(torch, spec["dtype"])).bits // 8)
         if nbytes > DENSE_MAX_BYTES:
@@ -84,7 +95,7 @@ def skip_reason(spec, last, cap_s):
     return None
 
 
-def cells(auc_sizes, f1_sizes):
+def cells(auc_sizes, f1_sizes, sparse_sizes=()):
     for pos in POSITIVES:
         for size in auc_sizes:
             for method in AUC_METHODS + ["accuracy"]:
@@ -94,15 +105,20 @@ def cells(auc_sizes, f1_sizes):
         for method in F1_METHODS + ["accuracy"]:
             yield {"problem": "f1", "positives": "-", "size": size, "method": method,
                    "measure": size}
+    for size in sparse_sizes:            # timed in float64, as the issue's baseline numbers
+        for method in SPARSE_METHODS + ["accuracy"]:
+            yield {"problem": "sparse", "positives": "-", "size": size, "method": method,
+                   "measure": size, "dtype": "float64"}
 
 
 def run_benchmark(auc_sizes, f1_sizes, dtype="float32", device="cpu", cap_s=30.0,
-                  in_process=False, log=print):
+                  in_process=False, log=print, sparse_sizes=()):
     """All cells in order of size; returns ``{(problem, positives, size, method): result}``."""
     results, last, dead = {}, {}, {}
-    for spec in cells(auc_sizes, f1_sizes):
-        spec.update(dtype=dtype, device=device, cap_s=cap_s, budget_s=TIMING_BUDGET_S,
-                    max_calls=MAX_CALLS, seeds=3 if spec["measure"] <= 100_000 else 1)
+    for spec in cells(auc_sizes, f1_sizes, sparse_sizes):
+        seeds = 1 if spec["problem"] == "sparse" or spec["measure"] > 100_000 else 3
+        spec = {"dtype": dtype, **spec, "device": device, "cap_s": cap_s, "seeds": seeds,
+                "budget_s": TIMING_BUDGET_S, "max_calls": MAX_CALLS}
         key = (spec["problem"], spec["positives"], spec["size"], spec["method"])
         line = key[:3] + (spec["method"],)
         lkey = (spec["problem"], spec["positives"], spec["method"])
@@ -128,7 +144,8 @@ def run_benchmark(auc_sizes, f1_sizes, dtype="float32", device="cpu", cap_s=30.0
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="sizes 32 and 64 only (smoke test)")
+    ap.add_argument("--quick", action="store_true",
+                    help="sizes 32 and 64 (sparse LPs: 500) only (smoke test)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32", choices=["float32", "float64"],
                     help="dtype of the timed runs (errors are always reported in both)")
@@ -148,9 +165,9 @@ def main() -> None:
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "command": f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '')} python "
                        + " ".join(shlex.quote(a) for a in ["scripts/bench_solver.py"] + sys.argv[1:])}
-    sizes = ([32, 64], [32, 64]) if args.quick else (AUC_SIZES, F1_SIZES)
-    R = run_benchmark(*sizes, dtype=args.dtype, device=args.device, cap_s=args.cap,
-                      log=lambda s: print(s, file=sys.stderr, flush=True))
+    sizes = ([32, 64], [32, 64], [500]) if args.quick else (AUC_SIZES, F1_SIZES, SPARSE_SIZES)
+    R = run_benchmark(*sizes[:2], dtype=args.dtype, device=args.device, cap_s=args.cap,
+                      log=lambda s: print(s, file=sys.stderr, flush=True), sparse_sizes=sizes[2])
     stem = "solver_bench_quick" if args.quick else "solver_bench"
     write_report(R, meta, Path(args.out), stem)
     print(f"wrote {Path(args.out) / stem}.md/.png/.json", file=sys.stderr)

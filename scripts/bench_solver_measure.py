@@ -1,6 +1,7 @@
 """Measurement side of the solver benchmark (entry point and method: ``scripts/bench_solver.py``):
 the problem instances, one forward(+backward) call per method (:func:`make_auc_call`,
-:func:`make_f1_call`, the paper's dense recipe, HiGHS), peak memory, :func:`measure`,
+:func:`make_f1_call`, :func:`make_sparse_call`, the paper's dense recipe, HiGHS), peak memory,
+:func:`measure`,
 :func:`accuracy` and :func:`run_worker`, which runs one cell in the ``--worker`` subprocess."""
 from __future__ import annotations
 
@@ -19,8 +20,10 @@ sys.path.insert(0, str(ROOT))
 
 EPS = 0.01                  # ramp width: the paper's epsilon (seed 002 §5)
 POSITIVES = {"balanced": 0.5, "91%": 0.91}
-AUC_METHODS = ["ours", "cvxpylayers", "highs", "dense_paper", "closed_form"]
+AUC_METHODS = ["ours", "ours_csr", "ours_dense", "cvxpylayers", "highs", "dense_paper",
+               "closed_form"]
 F1_METHODS = ["ours", "cvxpylayers", "highs"]
+SPARSE_METHODS = ["newton", "newton_highs", "highs"]
 
 
 # ---------------------------------------------------------------------------------- instances
@@ -41,6 +44,31 @@ def f1_instance(n, dtype, device, seed=0):
     labels = (torch.rand(n, generator=g) < 0.5).long()
     labels[0] = 1                                        # at least one positive
     return logits.to(dtype=dtype, device=device).requires_grad_(), labels.to(device)
+
+
+def random_sparse_lp(n, seed=0):
+    """Random sparse LP (issue 11), feasible and bounded by construction, numpy/scipy float64:
+    ``n // 2 + 1`` random rows (density 5e-3 at n <= 500, else 1e-3: ~1-20 entries a row)
+    ``A0 z <= A0 z0 + u``, the box ``z <= 3`` and ``max(1, n // 50)`` equality rows
+    ``A_eq z = A_eq z0`` at a point ``z0 ~ U(0, 1)^n``; ``c`` standard normal.
+    Returns ``(c, A, b, A_eq, b_eq)`` with ``A, A_eq`` scipy CSR."""
+    import scipy.sparse as sp
+    g = np.random.default_rng(seed)
+    density = 5e-3 if n <= 500 else 1e-3
+    rand = lambda rows: sp.random(rows, n, density=density, random_state=g,  # noqa: E731
+                                  data_rvs=g.standard_normal, format="csr")
+    A0, A_eq = rand(n // 2 + 1), rand(max(1, n // 50))
+    z0 = g.uniform(0, 1, n)
+    b0 = A0 @ z0 + g.uniform(0, 1, A0.shape[0])
+    A = sp.vstack([A0, sp.identity(n)], format="csr")
+    return (g.standard_normal(n), A, np.concatenate([b0, np.full(n, 3.0)]), A_eq, A_eq @ z0)
+
+
+def torch_csr(A, dtype):
+    """scipy sparse -> ``torch.sparse_csr_tensor``."""
+    A = A.tocsr()
+    return torch.sparse_csr_tensor(torch.tensor(A.indptr), torch.tensor(A.indices),
+                                   torch.tensor(A.data, dtype=dtype), A.shape)
 
 
 def pairs_of(batch, positives):
@@ -110,12 +138,22 @@ def make_auc_call(method, batch, positives, dtype, device, seed=0):
         from baselines.cvxpy_lp import CvxpyLP
         layer = CvxpyLP(solver="SCS", n_jobs=1)
 
+    if method in ("ours_csr", "ours_dense"):     # the general paths on the same LP (issue 11)
+        import scipy.sparse as sp
+        from solver import solve_lp
+        M = w.numel()
+        A = torch_csr(-sp.identity(M, format="csr"), dtype).to(device) if method == "ours_csr" \
+            else -torch.eye(M, dtype=dtype, device=device)
+
     def call():
         s.grad = None
         d = auc_pairs(s, y)
         if method == "ours":
             z, sol = ramp_lp(d, EPS)
             call.stats = sol.stats
+        elif method in ("ours_csr", "ours_dense"):
+            sol = solve_lp(torch.ones_like(d), A, d - EPS)
+            z, call.stats = sol.z, sol.stats
         elif method == "closed_form":
             z, _ = ramp_lp(d, EPS, method="closed_form")
         elif method == "cvxpylayers":
@@ -153,6 +191,28 @@ def make_f1_call(method, n, dtype, device, seed=0):
         if method == "ours":
             call.stats = loss_fn.pop_stats()   # mean Newton iterations of the solve
         return float(loss.detach().double())
+    return call
+
+
+def make_sparse_call(method, n, dtype, device, seed=0):
+    """Random sparse LP (:func:`random_sparse_lp`): ``newton`` / ``newton_highs`` = ``solve_lp``
+    (default forward / ``forward="highs"``) fwd+bwd of ``sum(z * w)`` w.r.t. ``b``; ``highs`` =
+    HiGHS's forward alone on the prebuilt scipy matrices."""
+    from solver import solve_lp
+    c, A, b, A_eq, b_eq = random_sparse_lp(n, seed)
+    if method == "highs":
+        return lambda: highs(c, A, b, A_eq, b_eq)[1]
+    ct, bt, beq = (torch.tensor(v, dtype=dtype, device=device) for v in (c, b, b_eq))
+    At, Aeq = torch_csr(A, dtype).to(device), torch_csr(A_eq, dtype).to(device)
+    w = torch.randn(n, generator=torch.Generator().manual_seed(1), dtype=dtype).to(device)
+    kw = {"forward": "highs"} if method == "newton_highs" else {}
+
+    def call():
+        b_ = bt.clone().requires_grad_()
+        sol = solve_lp(ct, At, b_, Aeq, beq, **kw)
+        (sol.z * w).sum().backward()
+        call.stats = sol.stats
+        return float((ct.double() * sol.z.detach().double()).sum())
     return call
 
 
@@ -203,6 +263,8 @@ def measure(spec):
     if spec["problem"] == "auc":
         call = make_auc_call(spec["method"], spec["size"], POSITIVES[spec["positives"]],
                              dtype, device)
+    elif spec["problem"] == "sparse":
+        call = make_sparse_call(spec["method"], spec["size"], dtype, device)
     else:
         call = make_f1_call(spec["method"], spec["size"], dtype, device)
 
@@ -247,11 +309,15 @@ def accuracy(spec):
     from objectives.common import solve
     device = torch.device(spec["device"])
     out = {}
-    for dname in ("float64", "float32"):
+    # the random sparse LPs are timed in float64 (bench_solver.cells): no float32 row
+    for dname in ("float64",) if spec["problem"] == "sparse" else ("float64", "float32"):
         errs, refs = [], []
         for seed in range(spec["seeds"]):
             dtype = getattr(torch, dname)
-            if spec["problem"] == "auc":
+            if spec["problem"] == "sparse":
+                ours = make_sparse_call("newton", spec["size"], dtype, device, seed)()
+                ref = highs(*random_sparse_lp(spec["size"], seed))[1]
+            elif spec["problem"] == "auc":
                 s, y, _ = auc_instance(spec["size"], POSITIVES[spec["positives"]], dtype,
                                        device, seed)
                 d = auc_pairs(s, y)

@@ -13,9 +13,12 @@ from pathlib import Path
 
 import torch
 
-from bench_solver_measure import AUC_METHODS, EPS, F1_METHODS, POSITIVES, ROOT, pairs_of
+from bench_solver_measure import (AUC_METHODS, EPS, F1_METHODS, POSITIVES, ROOT,
+                                  SPARSE_METHODS, pairs_of)
 
-LABELS = {"ours": "ours (Newton, structured A)", "cvxpylayers": "cvxpylayers (SCS)",
+LABELS = {"ours": "ours (Newton, structured A)", "ours_csr": "ours, A as torch.sparse CSR",
+          "ours_dense": "ours, A dense", "newton": "ours (Newton forward)",
+          "newton_highs": "ours, forward='highs'", "cvxpylayers": "cvxpylayers (SCS)",
           "highs": "HiGHS (forward only)", "dense_paper": "dense paper recipe",
           "closed_form": "closed form max(0, eps-d)"}
 
@@ -118,10 +121,47 @@ def targets(R, dtype):
     return rows
 
 
+def issue11_targets(R):
+    """Issue 11's targets (structured-path rows compare with its baseline 1.74 s / 464 MiB)."""
+    rows = []
+    g = lambda *k: R.get(k, {}).get("median_ms")                      # noqa: E731
+    csr, cvx = g("auc", "balanced", 64, "ours_csr"), g("auc", "balanced", 64, "cvxpylayers")
+    if csr and cvx:
+        rows.append(("AUC LP, 1,024 pairs, A as torch.sparse CSR: fwd+bwd >= 5x faster than "
+                     "cvxpylayers", f"{cvx / csr:.2f}x ({csr:.1f} ms vs {cvx:.1f} ms)",
+                     cvx / csr >= 5))
+    for n in sorted({k[2] for k in R if k[0] == "sparse"}):
+        new, hf, hi = (g("sparse", "-", n, m) for m in SPARSE_METHODS)
+        if not hi:
+            continue
+        for label, t, bound in (("Newton", new, 5.0), ("forward='highs'", hf, 1.5)):
+            res = R.get(("sparse", "-", n, "newton" if bound == 5.0 else "newton_highs"), {})
+            rows.append((f"random sparse LP n = {n}: {label} fwd+bwd <= {bound:g}x HiGHS fwd",
+                         f"{t / hi:.2f}x ({t:.0f} ms vs {hi:.0f} ms)" if t else fmt_ms(res),
+                         bool(t) and t / hi <= bound))
+        acc = R.get(("sparse", "-", n, "accuracy"), {}).get("float64")
+        if acc:
+            rows.append((f"random sparse LP n = {n}: Newton objective within 1e-6 of HiGHS",
+                         f"{acc['err']:.1e}", acc["err"] <= 1e-6))
+    f1 = g("f1", "-", 64, "ours")
+    if f1:
+        rows.append(("F1 LP, n = 64: fwd+bwd <= 1 ms (one CPU thread)",
+                     f"{f1:.2f} ms ({f1:.2f}x the target)", f1 <= 1))
+    big = R.get(("auc", "balanced", 4096, "ours"), {})
+    if "median_ms" in big:
+        t, mb = big["median_ms"], big["peak_mb"]
+        rows.append(("structured path not slower: AUC LP batch 4096 <= 1.74 s",
+                     f"{t / 1e3:.2f} s ({t / 1740:.2f}x)", t <= 1740))
+        rows.append(("structured path not bigger: AUC LP batch 4096 <= 464 MiB",
+                     f"{mb:.0f} MiB ({mb / 464:.2f}x)", mb <= 464))
+    return rows
+
+
 def write_report(R, meta, out: Path, stem: str):
     out.mkdir(parents=True, exist_ok=True)
     dt = meta["dtype"]
-    L = ["# Solver benchmark: AUC LP and F1 LP (Meng et al. 2021, fig. 3)", "",
+    L = ["# Solver benchmark: AUC LP, F1 LP, random sparse LPs (Meng et al. 2021, fig. 3; "
+         "issue 11)", "",
          f"Command: `{meta['command']}`  ", f"Date: {meta['date']}  ",
          f"Machine: {meta['cpu']}, {meta['cores']} logical cores, torch threads "
          f"{meta['threads']} (OMP_NUM_THREADS={meta['omp']}); shared machine, load average "
@@ -135,8 +175,10 @@ def write_report(R, meta, out: Path, stem: str):
          "high-water mark of the call after the warm-up above the RSS before it (glibc set to "
          "mmap blocks > 128 KiB, so memory freed by the warm-up has left the process; on CUDA "
          "`max_memory_allocated`). Objective error = |v - v_HiGHS| / |v_HiGHS| on the same "
-         "rounded data.", "", "## Targets", "",
+         "rounded data.", "", "## Issue 11 targets", "",
          "| target | measured | met |", "|---|---|---|"]
+    L += [f"| {a} | {b} | {'yes' if c else '**no**'} |" for a, b, c in issue11_targets(R)]
+    L += ["", "## Earlier targets", "", "| target | measured | met |", "|---|---|---|"]
     L += [f"| {a} | {b} | {'yes' if c else '**no**'} |" for a, b, c in targets(R, dt)]
     sizes = sorted({k[2] for k in R if k[0] == "auc"})
     acc = lambda *k: R.get(k + ("accuracy",), {})                   # noqa: E731
@@ -180,6 +222,7 @@ def write_report(R, meta, out: Path, stem: str):
             [fmt_err(a[d]["err"]) if d in a else "-" for d in ("float64", "float32")] + \
             [fmt_err(rel_err(r["cvxpylayers"], a, dt))]
         L.append(f"| {n} | " + " | ".join(cols) + " |")
+    L += sparse_table(R)
     solver = sorted({f"{k[0]}: " + json.dumps(v["stats"], sort_keys=True) for k, v in R.items()
                      if k[3] == "ours" and v.get("stats")})
     L += ["", "## Notes", "",
@@ -187,6 +230,12 @@ def write_report(R, meta, out: Path, stem: str):
           "`objectives.pairwise.ramp_lp` (AUC, `A = -I` as `DiagonalOperator`) and "
           "`objectives.ratio.F1LPLoss` (F1), i.e. exactly the training LPs; solver stats seen: "
           + "; ".join(f"`{s}`" for s in solver) + ".",
+          "* ours, A as torch.sparse CSR / A dense = `solver.solve_lp(1, A, d - eps)` with "
+          "`A = -I` given as a `torch.sparse_csr_tensor` / a dense tensor (the general paths a "
+          "user without a structured operator gets; default options).",
+          "* (c) ours = `solve_lp(c, A, b, A_eq, b_eq)` with `A, A_eq` as `torch.sparse` CSR, "
+          "fwd+bwd of `sum(z * w)` w.r.t. `b`; forward='highs' = the same call with "
+          "`forward='highs'` (HiGHS forward, our active-set backward).",
           "* cvxpylayers = `baselines.cvxpy_lp.CvxpyLP` / `F1CvxpyLoss` (SCS, default "
           "tolerances 1e-4, diagonal `A` parameter for AUC, 1 job); the first (compiling) call "
           "is the untimed warm-up. From ~50k pairs it fails before solving: cvxpy's "
@@ -205,6 +254,29 @@ def write_report(R, meta, out: Path, stem: str):
         {"meta": meta, "results": [{"key": list(k), **v} for k, v in R.items()]}, indent=1))
 
 
+def sparse_table(R):
+    ns = sorted({k[2] for k in R if k[0] == "sparse"})
+    if not ns:
+        return []
+    L = ["", "## (c) random sparse LPs with equalities (float64; `random_sparse_lp`)", "",
+         "| n | m (ineq.) | p (eq.) | Newton fwd+bwd ms | Newton steps, linear solver | "
+         "forward='highs' fwd+bwd ms | HiGHS fwd ms | Newton / HiGHS | highs-fwd / HiGHS | "
+         "err Newton f64 | Newton MiB | HiGHS MiB |", "|---:|" + "---:|" * 11]
+    for n in ns:
+        r = {m: R.get(("sparse", "-", n, m), {}) for m in SPARSE_METHODS}
+        a = R.get(("sparse", "-", n, "accuracy"), {})
+        st = r["newton"].get("stats", {})
+        ratio = lambda m: (f"{r[m]['median_ms'] / r['highs']['median_ms']:.2f}x"  # noqa: E731
+                           if "median_ms" in r[m] and "median_ms" in r["highs"] else "-")
+        L.append(f"| {n} | {n // 2 + 1 + n} | {max(1, n // 50)} | {fmt_ms(r['newton'])} | "
+                 f"{st.get('iterations', '-')}, {st.get('linear_solver', '-')} | "
+                 f"{fmt_ms(r['newton_highs'])} | {fmt_ms(r['highs'])} | {ratio('newton')} | "
+                 f"{ratio('newton_highs')} | "
+                 f"{fmt_err(a['float64']['err']) if 'float64' in a else fmt_ms(a) if a else '-'}"
+                 f" | {fmt_mb(r['newton'])} | {fmt_mb(r['highs'])} |")
+    return L
+
+
 def plot(R, path, meta):
     import matplotlib
     matplotlib.use("Agg")
@@ -212,9 +284,14 @@ def plot(R, path, meta):
     import matplotlib.ticker
     panels = [("auc", "balanced", AUC_METHODS, "AUC LP, balanced", "batch size"),
               ("auc", "91%", AUC_METHODS, "AUC LP, 91% positives", "batch size"),
-              ("f1", "-", F1_METHODS, "F1 LP", "n (samples)")]
-    fig, axes = plt.subplots(1, 3, figsize=(16, 5))
-    styles = {"ours": ("C0", "o", "-"), "cvxpylayers": ("C1", "s", "-"),
+              ("f1", "-", F1_METHODS, "F1 LP", "n (samples)"),
+              ("sparse", "-", SPARSE_METHODS, "random sparse LP (float64)", "n (variables)")]
+    panels = [p for p in panels if any(k[:2] == p[:2] for k in R)]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.4 * len(panels), 5), squeeze=False)
+    axes = axes[0]
+    styles = {"ours": ("C0", "o", "-"), "ours_csr": ("C4", "v", "-"),
+              "ours_dense": ("C5", "P", "-"), "newton": ("C0", "o", "-"),
+              "newton_highs": ("C9", "*", "-"), "cvxpylayers": ("C1", "s", "-"),
               "highs": ("C2", "^", "--"), "dense_paper": ("C3", "D", "-"),
               "closed_form": ("C7", "x", ":")}
     for ax, (prob, pos, methods, title, xlabel) in zip(axes, panels):
