@@ -1,17 +1,24 @@
-"""Quick check: one packed step of N runs vs N separate ``train.py`` steps (CE + SGD, float32).
+"""Packed step vs the same runs as separate steps: :func:`build_runs`, :func:`interleaved_ms`.
 
     OMP_NUM_THREADS=1 python -m packed.speed                         # CPU, N=4
     python -m packed.speed --device cuda --n 1 8 24 --models resnet18   # GPU, an N sweep
 
-Not the benchmark of issue 9 item 6 (N sweep, GPU, graphs, bf16): a sanity number for the
-docstring of :mod:`packed.model`. Prints median milliseconds per step (all N runs).
+A sanity number for the docstring of :mod:`packed.model` (CE + SGD, float32); the benchmark of
+issue 9 item 6 (N sweep, image sizes, objectives, bf16, CUDA graphs, memory, TFLOP/s) is
+``scripts/bench_packed.py``, which builds its runs with :func:`build_runs`. Prints median
+milliseconds per step (all N runs), the two modes timed alternately so load drifts hit both.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
+import ctypes
+import gc
 import statistics
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -20,46 +27,157 @@ from models.resnet import resnet18
 from objectives.ce import CrossEntropy
 from packed import PackedStep, pack, param_groups
 
+SGD = dict(lr=0.1, momentum=0.9, weight_decay=5e-4)   # optimizer=sgd's defaults
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
 
 def median_ms(fn, reps: int, device: torch.device = torch.device("cpu")) -> float:
-    def sync():
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-    fn()   # warm-up (allocator, kernel choice)
-    sync()
-    times = []
+    """Median wall milliseconds of ``fn()`` over ``reps`` calls, after one warm-up call."""
+    return interleaved_ms({"fn": fn}, reps, device)["fn"]
+
+
+def interleaved_ms(fns: dict[str, Callable[[], object]], reps: int,
+                   device: torch.device = torch.device("cpu"), warmup: int = 1) -> dict[str, float]:
+    """Median wall milliseconds of each ``fns[k]()``, the functions called in turn per round
+    (after ``warmup`` untimed rounds: allocator, kernel choice, optimizer state)."""
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    _sync(device)
+    times: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(reps):
-        t = time.perf_counter()
+        for k, fn in fns.items():
+            t = time.perf_counter()
+            fn()
+            _sync(device)
+            times[k].append(1000 * (time.perf_counter() - t))
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+@dataclass
+class Runs:
+    """N runs twice over, from the same initial weights: as N separate models (``separate()``
+    steps each in turn, as N ``train.py`` processes would) and as one pack (``packed()``: one
+    :class:`PackedStep`). ``x [N, B, ...]`` and ``y [N, B]`` are the fixed batches (static
+    tensors, so ``packed`` can be captured in a CUDA graph where the step allows it)."""
+
+    separate: Callable[[], None]
+    packed: Callable[[], object]
+    stepper: PackedStep
+    x: torch.Tensor
+    y: torch.Tensor
+
+
+def build_runs(make, shape, batch: int, n: int, device: torch.device = torch.device("cpu"),
+               make_objective: Callable[[], torch.nn.Module] = CrossEntropy,
+               autocast: torch.dtype | None = None, num_classes: int = 2) -> Runs:
+    """Build ``n`` runs of ``make()`` (SGD, ``make_objective()`` each) on ``[batch, *shape]``
+    inputs; ``autocast`` (e.g. ``torch.bfloat16``) wraps both steps in ``torch.autocast``."""
+    torch.manual_seed(0)
+    models = [make().to(device) for _ in range(n)]
+    alone = [copy.deepcopy(m) for m in models]
+    own = [make_objective().to(device) for _ in range(n)]      # separate runs' objectives
+    shared = [make_objective().to(device) for _ in range(n)]   # packed runs' objectives
+    opts = [torch.optim.SGD(param_groups(m, o), **SGD) for m, o in zip(alone, own)]
+    packed = pack(models)
+    stepper = PackedStep(packed, shared,
+                         [torch.optim.SGD(param_groups(m, o), **SGD)
+                          for m, o in zip(packed.models, shared)], [None] * n)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(n, batch, *shape, generator=gen).to(device)
+    y = torch.randint(0, num_classes, (n, batch), generator=gen).to(device)
+
+    def amp():
+        return (torch.autocast(device.type, dtype=autocast) if autocast is not None
+                else contextlib.nullcontext())
+
+    def separate():
+        with amp():
+            for i in range(n):
+                loss = own[i](alone[i](x[i]), y[i])
+                opts[i].zero_grad(set_to_none=True)
+                loss.backward()
+                opts[i].step()
+
+    def packed_step():
+        with amp():
+            return stepper.step(x, y, 0)
+
+    return Runs(separate, packed_step, stepper, x, y)
+
+
+def _rss_kb(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise OSError(f"/proc/self/status has no {field}")
+
+
+def peak_memory_mb(fn: Callable[[], object], device: torch.device) -> tuple[float, str]:
+    """Run ``fn()`` once; return (MB it added at its peak over what was allocated before, how).
+
+    CUDA: ``torch.cuda.max_memory_allocated`` minus ``memory_allocated`` before (tensors only,
+    not the caching allocator's reserve). CPU (Linux): the process's peak RSS (``VmHWM``, reset
+    to the current RSS through ``/proc/self/clear_refs``) minus its RSS before; freed heap is
+    first handed back (``malloc_trim``) so memory a previous measurement freed is not reused
+    unseen. Run it in a fresh process for numbers that do not depend on what ran before."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
         fn()
-        sync()
-        times.append(1000 * (time.perf_counter() - t))
-    return statistics.median(times)
+        torch.cuda.synchronize(device)
+        return (torch.cuda.max_memory_allocated(device) - before) / 2**20, "cuda max_memory_allocated delta"
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")   # Linux >= 4.0: peak RSS := current RSS
+        before = _rss_kb("VmRSS")
+        fn()
+        return (_rss_kb("VmHWM") - before) / 1024, "peak RSS delta (VmHWM reset)"
+    except OSError:   # no procfs: ru_maxrss never resets, so this is a lower bound
+        import resource
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        fn()
+        return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024, \
+            "ru_maxrss delta (lower bound: no /proc/self/clear_refs)"
+
+
+def graph_ms(fn: Callable[[], object], reps: int, device: torch.device) -> tuple[float | None, str]:
+    """Capture ``fn()`` in a CUDA graph and time its replay: (median ms, "captured"), or
+    (None, why not). Warm-up runs on a side stream, as ``torch.cuda.graph`` requires. A failed
+    capture can leave the CUDA context unusable: call this last in a process."""
+    if device.type != "cuda":
+        return None, f"n/a ({device.type.upper()}: CUDA graphs need a CUDA device)"
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            fn()
+    except Exception as exc:   # noqa: BLE001 -- any failure is the answer we record
+        first = (str(exc).strip().splitlines() or [""])[0][:240]
+        return None, f"capture failed: {type(exc).__name__}: {first}"
+    return median_ms(graph.replay, reps, device), "captured"
 
 
 def compare(make, shape, batch: int, n: int = 4, reps: int = 5,
             device: torch.device = torch.device("cpu")) -> tuple[float, float]:
     """(separate ms, packed ms) for one step of ``n`` runs of ``make()`` on ``[batch, *shape]``."""
-    torch.manual_seed(0)
-    models = [make().to(device) for _ in range(n)]
-    alone = [copy.deepcopy(m) for m in models]
-    objectives = [CrossEntropy() for _ in range(n)]
-    sgd = dict(lr=0.1, momentum=0.9, weight_decay=5e-4)   # optimizer=sgd's defaults
-    opts = [torch.optim.SGD(m.parameters(), **sgd) for m in alone]
-    packed = pack(models)
-    stepper = PackedStep(packed, objectives,
-                         [torch.optim.SGD(param_groups(m, o), **sgd)
-                          for m, o in zip(packed.models, objectives)], [None] * n)
-    x, y = torch.randn(n, batch, *shape, device=device), torch.randint(0, 2, (n, batch), device=device)
-
-    def separate():
-        for i in range(n):
-            loss = objectives[i](alone[i](x[i]), y[i])
-            opts[i].zero_grad(set_to_none=True)
-            loss.backward()
-            opts[i].step()
-
-    return (median_ms(separate, reps, device),
-            median_ms(lambda: stepper.step(x, y, 0), reps, device))
+    runs = build_runs(make, shape, batch, n, device)
+    ms = interleaved_ms({"separate": runs.separate, "packed": runs.packed}, reps, device)
+    return ms["separate"], ms["packed"]
 
 
 def main(argv: list[str] | None = None) -> None:

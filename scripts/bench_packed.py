@@ -1,0 +1,350 @@
+"""Packed ResNet-18 training steps against N: ms/step, TFLOP/s, memory, and the paper tables' wall time.
+
+Issue 9 item 6. For every pack size N, image size (32 px: CIFAR-10/100; 50 px: Cat&Dog), objective
+(``ce``, ``auc_lp``) and precision (fp32, bf16 autocast), one fresh subprocess builds N runs of
+``configs/model/resnet18.yaml`` (batch 64, SGD as ``optimizer=sgd``) twice -- as one pack
+(:class:`packed.PackedStep`) and as N separate models stepped in turn -- and times both
+alternately (:func:`packed.speed.interleaved_ms`, median of ``--reps``), so the packed/separate
+ratio is measured side by side. It also records the step's peak memory for each (CUDA
+``max_memory_allocated``; CPU peak-RSS delta, which is why each cell is its own process) and, on
+CUDA, tries to capture the packed step in a CUDA graph (the reason is recorded when it cannot).
+FLOPs per run-step are counted with ``torch.utils.flop_counter.FlopCounterMode`` on one forward +
+backward of one model (convolutions and matmuls; the optimizer and the LP solver are not counted).
+
+    OMP_NUM_THREADS=1 python scripts/bench_packed.py --device cpu --budget-s 1200
+    python scripts/bench_packed.py --device cuda --budget-s 420          # N = 1 8 24 48 96
+
+N that cannot fit are skipped with the reason: on the CPU N > 8 unless ``--n`` names them; any N
+whose predicted time exceeds what is left of ``--budget-s``; any N above one that ran out of
+memory. Writes ``README``-ready ``bench.md`` and ``bench.json`` to ``--out``. The projection of
+each paper table (run counts from ``configs/experiment/*.yaml``, 40k steps) uses the fastest
+measured ms per run at each image size; sizes not measured (STL-10's 96 px) are scaled from the
+largest measured size by their counted FLOPs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+from torch.utils.flop_counter import FlopCounterMode
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from builders import instantiate_runtime  # noqa: E402
+from packed.speed import build_runs, graph_ms, interleaved_ms, peak_memory_mb  # noqa: E402
+
+DEFAULT_N = [1, 8, 24, 48, 96]
+# one CPU thread does a ResNet-18 step (32 px, batch 64) in ~0.25 s: N=24 packed + separate with
+# warm-up and 3 reps is already ~1 min per cell and N=96 ~4 min, so the CPU default stops at 8
+CPU_DEFAULT_MAX_N = 8
+TABLES = ["table1_binary", "table2_multiclass", "table_f1", "table_eps"]
+# image side per dataset (configs/dataset/*.yaml comments: CIFAR 32x32, catdog50 pack, STL-10 kept at 96x96)
+IMAGE_PX = {"cifar10": 32, "cifar100": 32, "catdog": 50, "stl10": 96}
+STEPS_PER_RUN = 40_000   # trainer.max_steps of every table (paper: 40k iterations)
+CELL_KEYS = ["px", "objective", "dtype", "n", "status", "reason", "packed_ms", "separate_ms",
+             "packed_ms_per_run", "separate_ms_per_run", "ratio", "tflops_packed",
+             "tflops_separate", "graph_ms", "graph_status", "mem_packed_mb", "mem_separate_mb",
+             "mem_how", "wall_s"]
+
+
+def compose_cfg(overrides: list[str]):
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        return compose("config", overrides=overrides)
+
+
+def makers(model: str, objective: str, px: int, batch: int, extra: list[str]):
+    """(make_model, make_objective, input shape) as ``train.py`` builds them from the configs."""
+    cfg = compose_cfg([f"model={model}", f"objective={objective}"] + extra)
+    shape = [3, px, px]
+    runtime = dict(num_classes=2, input_shape=shape, pos_ratio=0.5, class_counts=[batch // 2] * 2)
+    return (lambda: instantiate_runtime(cfg.model, **runtime),
+            lambda: instantiate_runtime(cfg.objective, **runtime), shape)
+
+
+def count_flops(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> int:
+    """FLOPs of one forward + backward (CE loss) of ``model`` on ``(x, y)``, counted by
+    ``FlopCounterMode`` (2 per multiply-add; the input needs no gradient, as in training)."""
+    model.train()
+    with FlopCounterMode(display=False) as counter:
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+    model.zero_grad(set_to_none=True)
+    return int(counter.get_total_flops())
+
+
+def run_cell(spec: dict) -> dict:
+    """Measure one (px, objective, dtype, N) cell in this process; returns a row of CELL_KEYS."""
+    device = torch.device(spec["device"])
+    make_model, make_objective, shape = makers(spec["model"], spec["objective"], spec["px"],
+                                               spec["batch"], spec["set"])
+    runs = build_runs(make_model, shape, spec["batch"], spec["n"], device, make_objective,
+                      autocast=torch.bfloat16 if spec["dtype"] == "bf16" else None)
+    t0 = time.perf_counter()
+    mem_p, how = peak_memory_mb(runs.packed, device)     # doubles as each mode's warm-up step
+    mem_s, _ = peak_memory_mb(runs.separate, device)
+    ms = interleaved_ms({"packed": runs.packed, "separate": runs.separate}, spec["reps"], device,
+                        warmup=0)
+    g_ms, g_status = graph_ms(runs.packed, spec["reps"], device)   # last: may break the context
+    n, flops = spec["n"], spec["flops"]
+    return dict(px=spec["px"], objective=spec["objective"], dtype=spec["dtype"], n=n, status="ok",
+                reason="", packed_ms=ms["packed"], separate_ms=ms["separate"],
+                packed_ms_per_run=ms["packed"] / n, separate_ms_per_run=ms["separate"] / n,
+                ratio=ms["packed"] / ms["separate"],
+                tflops_packed=n * flops / ms["packed"] / 1e9,
+                tflops_separate=n * flops / ms["separate"] / 1e9,
+                graph_ms=g_ms, graph_status=g_status, mem_packed_mb=mem_p, mem_separate_mb=mem_s,
+                mem_how=how, wall_s=time.perf_counter() - t0)
+
+
+def skipped(spec: dict, reason: str) -> dict:
+    row = {k: None for k in CELL_KEYS}
+    row.update({k: spec[k] for k in ("px", "objective", "dtype", "n")}, status="skipped", reason=reason)
+    return row
+
+
+def run_cell_subprocess(spec: dict, timeout: float) -> dict:
+    """``run_cell`` in a fresh process (clean peak memory; a crash or OOM kill is a reason)."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--cell", json.dumps(spec)]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    except subprocess.TimeoutExpired:
+        return skipped(spec, f"stopped at the time budget ({timeout:.0f} s left)")
+    lines = out.stdout.strip().splitlines()
+    if out.returncode != 0 or not lines:
+        tail = (out.stderr.strip().splitlines() or ["no output"])[-1][:200]
+        oom = out.returncode in (-9, 137) or "out of memory" in out.stderr.lower()
+        return skipped(spec, ("out of memory: " if oom else f"failed (rc {out.returncode}): ") + tail)
+    return json.loads(lines[-1])
+
+
+def table_runs(name: str) -> dict[int, int]:
+    """Runs of one paper table per image size, from its experiment file's sweep."""
+    cfg = OmegaConf.load(ROOT / "configs" / "experiment" / f"{name}.yaml")
+    params = dict(cfg.hydra.sweeper.params)
+    datasets = str(params.pop("dataset", "")).split(",") if "dataset" in params else [
+        next(v for d in cfg.defaults if isinstance(d, dict) or OmegaConf.is_dict(d)
+             for k, v in d.items() if k.endswith("/dataset"))]
+    per_dataset = math.prod(len(str(v).split(",")) for v in params.values())
+    counts: dict[int, int] = {}
+    for d in datasets:
+        counts[IMAGE_PX[d]] = counts.get(IMAGE_PX[d], 0) + per_dataset
+    return counts
+
+
+def plan_skip(spec: dict, rows: list[dict], left: float, explicit_n: bool, on_cpu: bool) -> str:
+    """Why this cell must not run (empty: run it)."""
+    n = spec["n"]
+    if on_cpu and not explicit_n and n > CPU_DEFAULT_MAX_N:
+        return (f"CPU default stops at N={CPU_DEFAULT_MAX_N} (a batch-64 ResNet-18 step is 0.25-0.5 s "
+                f"per run on one thread); pass --n {n} to run it")
+    same = [r for r in rows if r["px"] == spec["px"] and r["dtype"] == spec["dtype"]]
+    oom = [r["n"] for r in same if r["status"] == "skipped" and r["reason"].startswith("out of memory")]
+    if oom and n > min(oom):
+        return f"N={min(oom)} already ran out of memory at {spec['px']} px {spec['dtype']}"
+    done = [r for r in rows if r["status"] == "ok" and r["dtype"] == spec["dtype"]]
+    if done:   # ms per run-step per FLOP from the closest measured cell, times this cell's steps
+        ref = max(done, key=lambda r: (r["px"] == spec["px"], r["n"]))
+        per_flop = (ref["packed_ms_per_run"] + ref["separate_ms_per_run"]) / spec["flops_of"][ref["px"]]
+        predicted = 5 + (spec["reps"] + 2) * n * per_flop * spec["flops"] / 1000
+        if predicted > left:
+            return f"predicted {predicted:.0f} s > {left:.0f} s left of --budget-s"
+    return ""
+
+
+def best_per_run(rows: list[dict], px: int, dtype: str, key: str) -> tuple[float, int] | None:
+    """(ms per run, N) at the N with the lowest mean ``key`` over objectives, measured at ``px``."""
+    by_n: dict[int, list[float]] = {}
+    for r in rows:
+        if r["status"] == "ok" and r["px"] == px and r["dtype"] == dtype and r.get(key) is not None:
+            by_n.setdefault(r["n"], []).append(r[key] / (r["n"] if key.endswith("_ms") else 1))
+    if not by_n:
+        return None
+    n = min(by_n, key=lambda k: sum(by_n[k]) / len(by_n[k]))
+    return sum(by_n[n]) / len(by_n[n]), n
+
+
+def project(rows: list[dict], flops_of: dict[int, int]) -> list[dict]:
+    """Hours of each paper table at 40k steps per run, one run after another on this device."""
+    modes = [("separate fp32", "fp32", "separate_ms"), ("packed fp32", "fp32", "packed_ms"),
+             ("packed bf16", "bf16", "packed_ms"), ("graph fp32", "fp32", "graph_ms"),
+             ("graph bf16", "bf16", "graph_ms")]
+    out = []
+    for name in TABLES:
+        counts = table_runs(name)
+        row = {"table": name, "runs": counts, "hours": {}, "basis": {}}
+        for label, dtype, key in modes:
+            total, basis = 0.0, []
+            for px, runs in sorted(counts.items()):
+                measured = [p for p in flops_of if best_per_run(rows, p, dtype, key)]
+                if not measured:
+                    total = None
+                    break
+                src = px if px in measured else max(measured)
+                ms, n = best_per_run(rows, src, dtype, key)
+                ms *= flops_of[px] / flops_of[src]
+                basis.append(f"{px}px: {ms:.1f} ms/run at N={n}" + ("" if src == px else f" (from {src}px by FLOPs)"))
+                total += runs * STEPS_PER_RUN * ms / 1000 / 3600
+            row["hours"][label] = total
+            row["basis"][label] = "; ".join(basis) if total is not None else "not measured"
+        out.append(row)
+    return out
+
+
+def ratio_by_n(rows: list[dict]) -> dict[str, dict]:
+    """Packed/separate time ratio per N over the measured cells: median, min, max, count."""
+    out = {}
+    for n in sorted({r["n"] for r in rows if r["status"] == "ok"}):
+        ratios = sorted(r["ratio"] for r in rows if r["status"] == "ok" and r["n"] == n)
+        out[str(n)] = {"median": statistics.median(ratios), "min": ratios[0], "max": ratios[-1],
+                       "cells": len(ratios)}
+    return out
+
+
+def machine(device: torch.device) -> dict:
+    info = {"python": platform.python_version(), "torch": torch.__version__,
+            "platform": platform.platform(), "cpu_count": os.cpu_count(),
+            "threads": torch.get_num_threads(), "load_avg_at_start": list(os.getloadavg())}
+    try:
+        info["cpu"] = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
+                           if line.startswith("model name"))
+    except (OSError, StopIteration):
+        info["cpu"] = platform.processor()
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+        info["cuda"] = torch.version.cuda
+    return info
+
+
+def _f(v, fmt="{:.1f}"):
+    return "–" if v is None else fmt.format(v)
+
+
+def markdown(report: dict) -> str:
+    lines = [f"Command: `{report['command']}`", "",
+             f"Machine: {report['machine']}", "",
+             "FLOPs per run-step (forward + backward, FlopCounterMode): " + ", ".join(
+                 f"{px} px {f / 1e9:.2f} GFLOP" for px, f in report["flops"].items()), "",
+             "| px | objective | dtype | N | packed ms/step | separate ms/step | packed ms/run | "
+             "packed/separate | TFLOP/s packed | TFLOP/s separate | graph ms/step | "
+             "peak MB packed | peak MB separate | note |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    skips: dict[tuple[int, str], list[dict]] = {}
+    for r in report["cells"]:
+        if r["status"] != "ok" and r["packed_ms"] is None:
+            skips.setdefault((r["n"], r["reason"]), []).append(r)
+            continue
+        note = r["reason"] if r["status"] != "ok" else r["graph_status"] if r["graph_ms"] is None \
+            and not r["graph_status"].startswith("n/a") else ""
+        graph = (_f(r["graph_ms"]) if r["graph_ms"] is not None or r["status"] != "ok" else
+                 "n/a (CPU)" if r["graph_status"].startswith("n/a") else "failed (note)")
+        lines.append(f"| {r['px']} | {r['objective']} | {r['dtype']} | {r['n']} | {_f(r['packed_ms'])} | "
+                     f"{_f(r['separate_ms'])} | {_f(r['packed_ms_per_run'])} | {_f(r['ratio'], '{:.2f}')} | "
+                     f"{_f(r['tflops_packed'], '{:.4f}')} | {_f(r['tflops_separate'], '{:.4f}')} | "
+                     f"{graph} | {_f(r['mem_packed_mb'], '{:.0f}')} | "
+                     f"{_f(r['mem_separate_mb'], '{:.0f}')} | {note} |")
+    for (n, reason), rs in skips.items():
+        what = " x ".join(", ".join(str(v) for v in sorted({r[k] for r in rs}, key=str)) + unit
+                          for k, unit in (("px", " px"), ("objective", ""), ("dtype", "")))
+        lines.append(f"\nSkipped N={n} ({what}): {reason}")
+    lines += ["", "Packed / separate per run (median over objectives and dtypes; > 1 = packing slower): "
+              + "; ".join(f"N={n}: {v['median']:.2f} ({v['min']:.2f}-{v['max']:.2f}, {v['cells']} cells)"
+                          for n, v in report["ratio_by_n"].items())]
+    lines += ["", f"Projected wall time of each paper table ({STEPS_PER_RUN} steps per run, runs one "
+              "after another on this device, evaluation not included), hours:", "",
+              "| table | runs (by px) | " + " | ".join(report["projection"][0]["hours"]) + " |",
+              "|---|---|" + "---|" * len(report["projection"][0]["hours"])]
+    for p in report["projection"]:
+        runs = ", ".join(f"{c}@{px}" for px, c in p["runs"].items())
+        cpu = report["device"].startswith("cpu")
+        lines.append(f"| {p['table']} | {runs} | " + " | ".join(
+            "n/a (CPU)" if cpu and k.startswith("graph") else _f(h) for k, h in p["hours"].items()) + " |")
+    lines += ["", "Basis of the projection: " + "; ".join(
+        f"{k}: {v}" for k, v in report["projection"][0]["basis"].items())]
+    return "\n".join(lines) + "\n"
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--n", type=int, nargs="+", default=None, help=f"pack sizes (default {DEFAULT_N})")
+    ap.add_argument("--px", type=int, nargs="+", default=[32, 50], help="image sides (96 = STL-10)")
+    ap.add_argument("--objectives", nargs="+", default=["ce", "auc_lp"])
+    ap.add_argument("--dtypes", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--reps", type=int, default=3, help="timed steps per mode (median)")
+    ap.add_argument("--budget-s", type=float, default=900, help="wall budget of the whole sweep")
+    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads per cell")
+    ap.add_argument("--model", default="resnet18", help="configs/model/<name>.yaml")
+    ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="extra config overrides")
+    ap.add_argument("--inline", action="store_true", help="cells in this process (tests; memory then "
+                    "depends on earlier cells)")
+    ap.add_argument("--out", default="results/packed_bench")
+    ap.add_argument("--render", metavar="BENCH_JSON", help="only rewrite bench.md/json from a saved bench.json")
+    ap.add_argument("--cell", help=argparse.SUPPRESS)
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse(argv)
+    torch.set_num_threads(args.threads)
+    if args.cell:
+        print(json.dumps(run_cell(json.loads(args.cell))), flush=True)
+        return {}
+    if args.render:   # a bench.json from another machine (e.g. a GPU slot's $OUT)
+        return write(json.loads(Path(args.render).read_text()), Path(args.out))
+    start, device = time.monotonic(), torch.device(args.device)
+    flops_of = {}
+    for px in sorted(set(args.px) | set(IMAGE_PX.values())):   # all table sizes: projection
+        x, y = torch.randn(args.batch, 3, px, px), torch.randint(0, 2, (args.batch,))
+        flops_of[px] = count_flops(makers(args.model, "ce", px, args.batch, args.set)[0](), x, y)
+    rows: list[dict] = []
+    for n in args.n or DEFAULT_N:
+        for px in args.px:
+            for dtype in args.dtypes:
+                for objective in args.objectives:
+                    spec = dict(device=args.device, model=args.model, set=args.set, batch=args.batch,
+                                reps=args.reps, px=px, objective=objective, dtype=dtype, n=n,
+                                flops=flops_of[px], flops_of=flops_of)
+                    left = args.budget_s - (time.monotonic() - start)
+                    why = plan_skip(spec, rows, left, args.n is not None, device.type == "cpu")
+                    row = (skipped(spec, why) if why else run_cell(spec) if args.inline
+                           else run_cell_subprocess(spec, timeout=max(left, 1)))
+                    rows.append(row)
+                    print(f"{px}px {objective} {dtype} N={n}: " + (
+                        f"packed {row['packed_ms']:.1f} ms, separate {row['separate_ms']:.1f} ms, "
+                        f"ratio {row['ratio']:.2f}" if row["status"] == "ok" else row["reason"]),
+                        flush=True)
+    report = {"schema": "bench_packed/1",
+              "command": shlex.join(["python", "scripts/bench_packed.py"] + list(argv if argv is not None else sys.argv[1:])),
+              "device": args.device, "machine": machine(device),
+              "settings": {k: getattr(args, k) for k in ("batch", "reps", "budget_s", "threads", "model", "set")},
+              "flops": {str(k): v for k, v in flops_of.items()}, "cells": rows,
+              "wall_s": time.monotonic() - start}
+    return write(report, Path(args.out))
+
+
+def write(report: dict, out: Path) -> dict:
+    """Add the derived parts (ratio per N, projection) and write bench.json + bench.md."""
+    flops_of = {int(k): v for k, v in report["flops"].items()}
+    report.update(ratio_by_n=ratio_by_n(report["cells"]), projection=project(report["cells"], flops_of))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench.json").write_text(json.dumps(report, indent=1) + "\n")
+    (out / "bench.md").write_text(markdown(report))
+    print(markdown(report))
+    return report
+
+
+if __name__ == "__main__":
+    main()
