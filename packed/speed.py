@@ -180,12 +180,27 @@ def compare(make, shape, batch: int, n: int = 4, reps: int = 5,
     return ms["separate"], ms["packed"]
 
 
+def profile_steps(runs: Runs, device: torch.device, label: str, rows: int = 8) -> None:
+    """Print the ops that take the time in one packed and one separate step (after a warm-up)."""
+    from torch.profiler import ProfilerActivity, profile
+    runs.packed(), runs.separate()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    for name, fn in (("packed", runs.packed), ("separate", runs.separate)):
+        with profile(activities=activities) as prof:
+            fn()
+            _sync(device)
+        print(f"== {label}: one {name} step\n" + prof.key_averages().table(
+            sort_by=f"self_{'cuda' if device.type == 'cuda' else 'cpu'}_time_total", row_limit=rows), flush=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--n", type=int, nargs="+", default=[4], help="pack sizes")
     ap.add_argument("--models", nargs="+", default=["mlp", "resnet18"], choices=["mlp", "resnet18"])
     ap.add_argument("--reps", type=int, default=None, help="timed steps (default 50 MLP, 5 ResNet)")
+    ap.add_argument("--profile", action="store_true",
+                    help="instead of timing: torch.profiler's top ops of one packed and one separate step")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cpu":
@@ -196,6 +211,9 @@ def main(argv: list[str] | None = None) -> None:
     for name in args.models:
         label, make, shape, batch, reps = cases[name]
         for n in args.n:
+            if args.profile:
+                profile_steps(build_runs(make, shape, batch, n, device), device, f"{label}, N={n}")
+                continue
             sep, pk = compare(make, shape, batch, n=n, reps=args.reps or reps, device=device)
             print(f"{label} on {device}: N={n} separate {sep:.1f} ms, packed {pk:.1f} ms, "
                   f"packed/separate {pk / sep:.2f}", flush=True)
