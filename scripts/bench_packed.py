@@ -215,7 +215,7 @@ def ratio_by_n(rows: list[dict]) -> dict[str, dict]:
 def machine(device: torch.device) -> dict:
     info = {"python": platform.python_version(), "torch": torch.__version__,
             "platform": platform.platform(), "cpu_count": os.cpu_count(),
-            "threads": torch.get_num_threads(), "load_avg_at_start": list(os.getloadavg())}
+            "threads": torch.get_num_threads(), "load_avg_at_start": [round(v, 1) for v in os.getloadavg()]}
     try:
         info["cpu"] = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
                            if line.startswith("model name"))
@@ -233,7 +233,7 @@ def _f(v, fmt="{:.1f}"):
 
 def markdown(report: dict) -> str:
     lines = [f"Command: `{report['command']}`", "",
-             f"Machine: {report['machine']}", "",
+             "Machine: " + ", ".join(f"{k} {v}" for k, v in report["machine"].items()), "",
              "FLOPs per run-step (forward + backward, FlopCounterMode): " + ", ".join(
                  f"{px} px {f / 1e9:.2f} GFLOP" for px, f in report["flops"].items()), "",
              "| px | objective | dtype | N | packed ms/step | separate ms/step | packed ms/run | "
