@@ -84,8 +84,9 @@ def count_flops(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> int
     return int(counter.get_total_flops())
 
 
-def run_cell(spec: dict) -> dict:
-    """Measure one (px, objective, dtype, N) cell in this process; returns a row of CELL_KEYS."""
+def run_cell(spec: dict, emit=None) -> dict:
+    """Measure one (px, objective, dtype, N) cell in this process; returns a row of CELL_KEYS.
+    ``emit(row)`` receives the row once before the CUDA-graph attempt, which can kill the process."""
     device = torch.device(spec["device"])
     make_model, make_objective, shape = makers(spec["model"], spec["objective"], spec["px"],
                                                spec["batch"], spec["set"])
@@ -96,16 +97,20 @@ def run_cell(spec: dict) -> dict:
     mem_s, _ = peak_memory_mb(runs.separate, device)
     ms = interleaved_ms({"packed": runs.packed, "separate": runs.separate}, spec["reps"], device,
                         warmup=0)
-    g_ms, g_status = graph_ms(runs.packed, spec["reps"], device)   # last: may break the context
     n, flops = spec["n"], spec["flops"]
-    return dict(px=spec["px"], objective=spec["objective"], dtype=spec["dtype"], n=n, status="ok",
+    row = dict(px=spec["px"], objective=spec["objective"], dtype=spec["dtype"], n=n, status="ok",
                 reason="", packed_ms=ms["packed"], separate_ms=ms["separate"],
                 packed_ms_per_run=ms["packed"] / n, separate_ms_per_run=ms["separate"] / n,
                 ratio=ms["packed"] / ms["separate"],
                 tflops_packed=n * flops / ms["packed"] / 1e9,
                 tflops_separate=n * flops / ms["separate"] / 1e9,
-                graph_ms=g_ms, graph_status=g_status, mem_packed_mb=mem_p, mem_separate_mb=mem_s,
-                mem_how=how, wall_s=time.perf_counter() - t0)
+                graph_ms=None, graph_status="not attempted", mem_packed_mb=mem_p,
+                mem_separate_mb=mem_s, mem_how=how, wall_s=time.perf_counter() - t0)
+    if emit:
+        emit(row)
+    row["graph_ms"], row["graph_status"] = graph_ms(runs.packed, spec["reps"], device)  # last
+    row["wall_s"] = time.perf_counter() - t0
+    return row
 
 
 def skipped(spec: dict, reason: str) -> dict:
@@ -121,12 +126,15 @@ def run_cell_subprocess(spec: dict, timeout: float) -> dict:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
     except subprocess.TimeoutExpired:
         return skipped(spec, f"stopped at the time budget ({timeout:.0f} s left)")
-    lines = out.stdout.strip().splitlines()
-    if out.returncode != 0 or not lines:
-        tail = (out.stderr.strip().splitlines() or ["no output"])[-1][:200]
+    rows = [line for line in out.stdout.splitlines() if line.startswith("{")]
+    tail = (out.stderr.strip().splitlines() or ["no output"])[-1][:200]
+    if rows and out.returncode != 0:   # eager numbers came out; the graph attempt did not
+        return dict(json.loads(rows[-1]), graph_status=f"process died in graph capture "
+                    f"(rc {out.returncode}): {tail}")
+    if out.returncode != 0 or not rows:
         oom = out.returncode in (-9, 137) or "out of memory" in out.stderr.lower()
         return skipped(spec, ("out of memory: " if oom else f"failed (rc {out.returncode}): ") + tail)
-    return json.loads(lines[-1])
+    return json.loads(rows[-1])
 
 
 def table_runs(name: str) -> dict[int, int]:
@@ -300,7 +308,9 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse(argv)
     torch.set_num_threads(args.threads)
     if args.cell:
-        print(json.dumps(run_cell(json.loads(args.cell))), flush=True)
+        def emit(row):
+            print(json.dumps(row), flush=True)
+        emit(run_cell(json.loads(args.cell), emit))
         return {}
     if args.render:   # a bench.json from another machine (e.g. a GPU slot's $OUT)
         return write(json.loads(Path(args.render).read_text()), Path(args.out))
