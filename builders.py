@@ -14,7 +14,9 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
+
+from data.stream import gather
 
 
 def instantiate_runtime(cfg: DictConfig, **runtime: Any) -> Any:
@@ -80,9 +82,10 @@ def predict(model: nn.Module, dataset: Dataset, *, batch_size: int = 512,
     if bn_mode == "train" and len(batches) > 1 and len(batches[-1]) == 1:
         batches[-2:] = [batches[-2] + batches[-1]]
     logits, labels = [], []
-    for x, y in DataLoader(dataset, batch_sampler=batches):
+    for idx in batches:   # gathered where the data live (the device, for train.py's runs)
+        x, y = gather(dataset, torch.tensor(idx, device=getattr(dataset, "device", "cpu")))
         logits.append(net(x.to(device)).float().cpu())
-        labels.append(y)
+        labels.append(y.cpu())
     model.train(was_training)
     back = torch.argsort(order)
     return torch.cat(logits)[back].numpy(), torch.cat(labels)[back].numpy()

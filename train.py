@@ -44,6 +44,7 @@ import metrics
 import runfolder
 from builders import build_model, instantiate_runtime, predict, resolve_device, runtime_values
 from data import build_data
+from data.stream import STREAM_VERSION, BatchStream
 from data.errors import DamagedDatasetError, DatasetNotFoundError, SplitError
 from guards import (DegenerateBatchesError, DegenerateBatchesWarning, NonFiniteLossError,  # noqa: F401
                     check_degenerate, degenerate_summary, nonfinite_message)
@@ -71,19 +72,6 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
-
-
-def batch_stream(dataset, batch_size: int, seed: int, start_step: int = 0):
-    """Shuffled minibatches, a pure function of (seed, step): a resumed run sees the same batches."""
-    n = len(dataset)
-    per_epoch = max(1, n // batch_size)
-    step = start_step
-    while True:
-        epoch, k = divmod(step, per_epoch)
-        perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
-        items = [dataset[int(i)] for i in perm[k * batch_size:(k + 1) * batch_size]]
-        yield torch.stack([x for x, _ in items]), torch.stack([torch.as_tensor(y) for _, y in items])
-        step += 1
 
 
 def evaluate(model, bundle, split: str, cfg: DictConfig, device) -> dict[str, float]:
@@ -257,6 +245,7 @@ class Run:
             "launches": self.launches,
             "resume_forced": any(la.get("forced_differences") for la in self.launches),
             "config": runfolder.portable_config(self.cfg, self.run_dir),
+            "batch_stream": STREAM_VERSION,
             **extra,
         }
         runfolder.write_results(results, self.run_dir)
@@ -274,7 +263,7 @@ def prepare_run(cfg: DictConfig, run_dir: Path, device: torch.device) -> tuple[R
     ckpt, launch = resume_from(cfg, run_dir, resolved, device) if cfg.resume else \
         (None, {"start_step": 0, "resume": cfg.resume})
     seed_everything(cfg.seed)
-    bundle = build_data(cfg.dataset, seed=cfg.seed)
+    bundle = build_data(cfg.dataset, seed=cfg.seed).to(device)   # the data live on the device
     validate(cfg, bundle)
     runtime = runtime_values(bundle)
     model = built("model", cfg, lambda: build_model(cfg, bundle)).to(device)
@@ -316,7 +305,7 @@ def train(cfg: DictConfig, run_dir: Path, choices: dict[str, str] | None = None)
 
     run.logger = instantiate(cfg.logger, _partial_=True)(run_dir=str(run_dir), config=run.resolved)
     try:
-        stream = batch_stream(run.bundle.train, cfg.trainer.batch_size, cfg.seed, start_step=step)
+        stream = BatchStream(run.bundle.train, cfg.trainer.batch_size, cfg.seed, start_step=step)
         losses: list[float] = []
         model.train()
         bar = tqdm(total=cfg.trainer.max_steps, initial=step, desc="train", dynamic_ncols=True,

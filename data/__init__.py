@@ -10,7 +10,9 @@ Modules, one concept each:
 * :mod:`data.build` -- ``build_data`` and ``DataBundle``.
 * :mod:`data.splits` -- val hold-out + imbalance + checks (pure function of labels, config, seed).
 * :mod:`data.imbalance` -- class grouping (halves / thirds) and stratified dropping.
-* :mod:`data.datasets` -- in-memory uint8 image / float tabular ``Dataset`` s, tensor augmentation.
+* :mod:`data.datasets` -- in-memory uint8 image / float tabular ``Dataset`` s (batch gather, ``to(device)``).
+* :mod:`data.augment` -- batched random crop + flip (one gather, any device).
+* :mod:`data.stream` -- the training batch stream, a pure function of (seed, step).
 * :mod:`data.source` -- ``SourceData`` and the image lookup (torchvision folder -> pack -> download).
 * :mod:`data.images` -- CIFAR-10, CIFAR-100, STL-10, Cat&Dog sources.
 * :mod:`data.torchvision_format` -- readers of torchvision's on-disk layouts.

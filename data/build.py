@@ -33,6 +33,14 @@ class DataBundle:
     groups: list[list[int]] = field(default_factory=list)
     origin: str = ""
 
+    def to(self, device) -> "DataBundle":
+        """Move every split's data to ``device`` once (in place; returns ``self``): training
+        batches and evaluation are then gathered there (:mod:`data.stream`)."""
+        for split in (self.train, self.val, self.test):
+            if hasattr(split, "to"):
+                split.to(device)
+        return self
+
 
 def _plain(cfg: Any) -> dict:
     """A DictConfig (resolved) or mapping as a plain dict."""

@@ -2,8 +2,11 @@
 
 Items are ``(x, y)``: ``x`` float32 ``[C, H, W]`` normalised per channel (images) or ``[D]``
 (tabular), ``y`` an int64 scalar tensor. ``labels`` (numpy int64) gives class counts without
-iterating. Augmentation (train only) is random crop with zero padding + horizontal flip, done
-with tensor ops on the uint8 item, so ``__getitem__`` costs a few microseconds and no PIL.
+iterating. Augmentation (train only) is random crop with zero padding + horizontal flip
+(:mod:`data.augment`). Both datasets also gather whole batches on their own device
+(``batch(idx, aug)``; ``to(device)`` moves the data there once): that is how the training stream
+(:mod:`data.stream`) and evaluation read them. ``__getitem__`` (one item, augmentation drawn from
+torch's global RNG) serves plain ``DataLoader`` use.
 """
 from __future__ import annotations
 
@@ -11,8 +14,9 @@ from typing import Sequence
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch.utils.data import Dataset
+
+from data.augment import CropFlip, crop_flip, draw_crop_flip
 
 
 class ImageDataset(Dataset):
@@ -22,8 +26,7 @@ class ImageDataset(Dataset):
         images: uint8 ``[N, C, H, W]`` (numpy or torch).
         labels: int ``[N]`` (already relabelled to the task's groups).
         mean, std: per-channel constants on the [0, 1] scale.
-        augment: random crop (``pad`` pixels of zero padding) + horizontal flip; uses torch's
-            global RNG, which DataLoader seeds per worker.
+        augment: random crop (``pad`` pixels of zero padding) + horizontal flip.
     """
 
     def __init__(self, images, labels, mean: Sequence[float], std: Sequence[float],
@@ -42,23 +45,36 @@ class ImageDataset(Dataset):
         self._shift = torch.tensor(mean, dtype=torch.float32).view(-1, 1, 1) / std_t
         self.augment, self.pad = bool(augment), int(pad)
 
+    @property
+    def device(self) -> torch.device:
+        return self.images.device
+
+    def to(self, device: torch.device | str) -> "ImageDataset":
+        """Move the images (still uint8) and labels to ``device``, in place; returns ``self``."""
+        for name in ("images", "_y", "_scale", "_shift"):
+            setattr(self, name, getattr(self, name).to(device))
+        return self
+
     def __len__(self) -> int:
         return len(self.labels)
 
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        x = self.images[i]
-        if self.augment:
-            x = self._crop_flip(x)
-        return torch.addcmul(-self._shift, x.float(), self._scale), self._y[i]
+    def draw_augment(self, n: int, generator: torch.Generator | None = None) -> CropFlip | None:
+        """``n`` crop/flip draws on the CPU (``None`` without augmentation)."""
+        return draw_crop_flip(n, self.pad, generator) if self.augment else None
 
-    def _crop_flip(self, x: torch.Tensor) -> torch.Tensor:
-        h, w = x.shape[-2:]
-        if self.pad > 0:
-            dy, dx = torch.randint(0, 2 * self.pad + 1, (2,)).tolist()
-            x = F.pad(x, (self.pad,) * 4)[:, dy:dy + h, dx:dx + w]
-        if torch.rand(()) < 0.5:
-            x = x.flip(-1)
-        return x
+    def batch(self, idx: torch.Tensor, aug: CropFlip | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Normalised float32 images ``[B, C, H, W]`` and labels of items ``idx`` (on the data's
+        device), cropped and flipped by ``aug`` when given."""
+        x = self.images[idx]
+        if aug is not None:
+            x = crop_flip(x, aug, self.pad)
+        return torch.addcmul(-self._shift, x.float(), self._scale), self._y[idx]
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        idx = torch.tensor([int(i)], device=self.device)
+        aug = self.draw_augment(1)
+        x, y = self.batch(idx, aug.to(self.device) if aug is not None else None)
+        return x[0], y[0]
 
 
 class TabularDataset(Dataset):
@@ -81,8 +97,21 @@ class TabularDataset(Dataset):
             raise ValueError(f"{len(self.features)} rows but {len(self.labels)} labels")
         self._y = torch.from_numpy(self.labels)
 
+    @property
+    def device(self) -> torch.device:
+        return self.features.device
+
+    def to(self, device: torch.device | str) -> "TabularDataset":
+        """Move features and labels to ``device``, in place; returns ``self``."""
+        self.features, self._y = self.features.to(device), self._y.to(device)
+        return self
+
     def __len__(self) -> int:
         return len(self.labels)
+
+    def batch(self, idx: torch.Tensor, aug: None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows ``idx`` and their labels (no augmentation for feature vectors)."""
+        return self.features[idx], self._y[idx]
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.features[i], self._y[i]

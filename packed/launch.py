@@ -11,10 +11,11 @@ number of classes their data give the model; everything else (objective, learnin
 schedule, seed, imbalance, clipping, evaluation interval) is per run. The launcher logs the packs
 and the keys that split them.
 
-Batches. Each run draws from its own :func:`train.batch_stream` (its seed) with its own torch RNG
-state for the augmentation (the state ``train.py`` would have after building that run), so run
-``i``'s batches are the batches ``train.py`` gives the same config. The global numpy / python RNGs
-are shared (no objective draws from them during training).
+Batches. Each run draws from its own :class:`data.stream.BatchStream` (a pure function of its
+seed and step, gathered on the device where its data live), so run ``i``'s batches are the
+batches ``train.py`` gives the same config. Each run keeps its own torch RNG state for its
+evaluations (the state ``train.py`` would have); the global numpy / python RNGs are shared (no
+objective draws from them during training).
 
 Divergence. A run whose scores or loss become non-finite, or whose evaluation interval had only
 empty batches, is frozen (:class:`packed.PackedStep`) and its ``results.json`` records
@@ -23,8 +24,8 @@ an error instead.
 
 Limits: ``resume=true`` is refused (resume a packed run's folder with ``train.py resume=true``:
 its ``last.pt`` holds the run's own RNG state); all runs of a pack stop at the same
-``trainer.max_steps``; batches are drawn on the host (the device-resident stream of issue 9
-item 3 is not this module).
+``trainer.max_steps``; each run holds its own copy of its splits on the device (runs of one
+dataset do not share the source images yet).
 """
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ from tqdm import tqdm
 
 import train
 from builders import resolve_device
+from data.stream import BatchStream
 from runfolder import _flatten
 from guards import DegenerateBatchesError
 from packed.model import pack
@@ -72,8 +74,8 @@ class Job:
 class _Member:
     job: Job
     run: train.Run
-    rng: torch.Tensor   # the run's own torch RNG state (augmentation draws, eval loaders)
-    stream: Any = None  # its train.batch_stream
+    rng: torch.Tensor   # the run's own torch RNG state (for its evaluations)
+    stream: Any = None  # its data.stream.BatchStream
     losses: list = field(default_factory=list)   # training losses since its last evaluation
 
 
@@ -151,14 +153,8 @@ def train_packed(jobs: list[Job], max_pack: int | None = None) -> list[Any]:
 
 
 def _draw(members: list[_Member], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each run's next batch from its own stream, under its own torch RNG state, stacked."""
-    xs, ys = [], []
-    for m in members:
-        torch.set_rng_state(m.rng)
-        x, y = next(m.stream)
-        m.rng = torch.get_rng_state()
-        xs.append(x)
-        ys.append(y)
+    """Each run's next batch from its own stream, stacked ``[N, B, ...]`` on ``device``."""
+    xs, ys = zip(*(next(m.stream) for m in members))
     return torch.stack(xs).to(device), torch.stack(ys).to(device)
 
 
@@ -183,7 +179,7 @@ def _train_pack(members: list[_Member]) -> list[dict[str, Any]]:
         m.run.attach_optimizer(view)
         m.run.logger = instantiate(m.run.cfg.logger, _partial_=True)(run_dir=str(m.run.run_dir),
                                                                      config=m.run.resolved)
-        m.stream = train.batch_stream(m.run.bundle.train, m.run.cfg.trainer.batch_size, m.run.cfg.seed)
+        m.stream = BatchStream(m.run.bundle.train, m.run.cfg.trainer.batch_size, m.run.cfg.seed)
     stepper = PackedStep(packed, [r.objective for r in runs], [r.optimizer for r in runs],
                          [r.scheduler for r in runs], [r.cfg.trainer.max_grad_norm for r in runs])
     times: dict[str, list[float]] = {"data": [], "step": []}

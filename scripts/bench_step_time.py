@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 from builders import build_model, instantiate_runtime, resolve_device, runtime_values  # noqa: E402
 from data import build_data  # noqa: E402
-from train import batch_stream  # noqa: E402
+from data.stream import BatchStream  # noqa: E402
 
 
 def compose_cfg(overrides: list[str]):
@@ -60,7 +60,7 @@ def main() -> None:
         objective = instantiate_runtime(cfg.objective, **runtime_values(bundle)).to(device)
         params = [{"params": list(model.parameters())}] + objective.extra_param_groups()
         runs[name] = (model, objective, instantiate(cfg.optimizer, _partial_=True)(params=params), [])
-    stream = batch_stream(bundle.train, args.batch_size, seed=0)
+    stream = BatchStream(bundle.to(device).train, args.batch_size, seed=0)
     for step in range(args.warmup + args.steps):
         x, y = (t.to(device) for t in next(stream))
         for name, (model, objective, optimizer, times) in runs.items():

@@ -502,7 +502,7 @@ def _install_fault(spec: str) -> None:
         return counts[name] == k
 
     if kind == "step":
-        stream = train.batch_stream
+        stream = train.BatchStream
 
         def batch_stream(*args, **kwargs):
             for i, batch in enumerate(stream(*args, **kwargs), 1):
@@ -510,7 +510,7 @@ def _install_fault(spec: str) -> None:
                     die()
                 yield batch
 
-        train.batch_stream = batch_stream
+        train.BatchStream = batch_stream
         return
     if kind == "rename":
         replace = os.replace

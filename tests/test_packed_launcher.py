@@ -119,14 +119,22 @@ def test_cifar10_packed_first_step_equals_train_py(compose_cfg, data_root, tmp_p
 
     monkeypatch.setattr(train, "evaluate", small_eval)
     base = ["dataset=cifar10", f"dataset.root={data_root}", "trainer.max_steps=2",
-            "trainer.eval_every=1", "trainer.eval_batch_size=64", "device=cpu"]
+            "trainer.eval_every=1", "trainer.eval_batch_size=64", "device=cpu",
+            # at lr 0.1 the first steps blow up (loss 0.74 -> 10) and amplify the float32
+            # rounding between vmapped and plain convolutions to ~1e-3 by step 2; at 0.001 the
+            # step-2 losses agree to ~1e-6 (the float64 equivalence is tests/test_packed.py's)
+            "optimizer.lr=0.001"]
     jobs = [Job(compose_cfg([*base, f"objective={o}", f"seed={s}"]), tmp_path / f"{o}{s}", name=o)
             for o, s in (("ce", 0), ("auc_lp", 1))]
     for job, packed in zip(jobs, train_packed(jobs)):
         assert packed["diverged"] is None and packed["packed"]["size"] == 2
         alone_dir = tmp_path / "alone" / job.run_dir.name
         alone = train.train(job.cfg, alone_dir)
-        assert math.isclose(first_loss(job.run_dir), first_loss(alone_dir), rel_tol=1e-6)
-        # step 2: the weights differ by rounding only, but another crop / flip (an RNG draw
-        # shifted by the evaluation's loader) would change the loss by far more than 1e-4
-        assert math.isclose(packed["final"]["train_loss"], alone["final"]["train_loss"], rel_tol=1e-4)
+        # same init, same first batch: float32 rounding of the vmapped net only (3e-6 measured)
+        assert math.isclose(first_loss(job.run_dir), first_loss(alone_dir), rel_tol=2e-5)
+        # step 2, after an evaluation: for ce the weights differ by float32 rounding only (4e-5
+        # of the loss measured), while another batch (another crop / flip) changes it by ~1e-2.
+        # The LP's active set can flip under such rounding (its step-2 loss moved by up to 3e-3),
+        # so auc_lp is held to the first step here and to 1e-10 in float64 (tests/test_packed.py).
+        if job.name == "ce":
+            assert math.isclose(packed["final"]["train_loss"], alone["final"]["train_loss"], rel_tol=1e-4)
