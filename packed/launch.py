@@ -22,6 +22,12 @@ empty batches, is frozen (:class:`packed.PackedStep`) and its ``results.json`` r
 ``"diverged": {"step", "reason"}``; the other runs go on. ``train.py`` would stop such a run with
 an error instead.
 
+Deadline. ``train_packed(..., deadline=t)`` (a :func:`time.monotonic` time, e.g. a GPU slot's end)
+stops a pack at the first step boundary past ``t``: each live run is evaluated there (unless it
+just was) and its ``results.json`` records ``"stopped": {"step", "reason": "deadline"}``, so a
+table never pools it with full-length runs (its final step differs); packs not started by ``t``
+are not run (their outcome is a :class:`PackedLaunchError`).
+
 Limits: ``resume=true`` is refused (resume a packed run's folder with ``train.py resume=true``:
 its ``last.pt`` holds the run's own RNG state); all runs of a pack stop at the same
 ``trainer.max_steps``; each run holds its own copy of its splits on the device (runs of one
@@ -116,11 +122,11 @@ def _describe(keys: list[dict[str, Any]], packs: list[list[int]], differing: lis
     return "\n".join(lines)
 
 
-def train_packed(jobs: list[Job], max_pack: int | None = None) -> list[Any]:
+def train_packed(jobs: list[Job], max_pack: int | None = None, deadline: float | None = None) -> list[Any]:
     """Train ``jobs`` as packs; returns per job its ``results.json`` dict or the exception that
     stopped its preparation (bad config, missing data, an optimizer that cannot be built), in
     the jobs' order; the other jobs run (as under Hydra's basic launcher, the multirun then
-    exits with the first failed job's error)."""
+    exits with the first failed job's error). ``deadline``: see the module docstring."""
     outcomes: list[Any] = [None] * len(jobs)
     members: dict[int, _Member] = {}
     for i, job in enumerate(jobs):
@@ -147,7 +153,13 @@ def train_packed(jobs: list[Job], max_pack: int | None = None) -> list[Any]:
                     "packed step costs ~1.3x the separate steps (packed/model.py): packing is "
                     "meant for GPUs")
     for p in packs:
-        for i, results in zip(p, _train_pack([members[order[j]] for j in p])):
+        if deadline is not None and time.monotonic() >= deadline:
+            for i in p:
+                outcomes[order[i]] = PackedLaunchError(f"{members[order[i]].job.name}: not started, "
+                                                       "the deadline had passed")
+            log.warning(f"packed launcher: deadline passed; {len(p)} run(s) of a pack not started")
+            continue
+        for i, results in zip(p, _train_pack([members[order[j]] for j in p], deadline)):
             outcomes[order[i]] = results
     return outcomes
 
@@ -171,7 +183,7 @@ def _evaluate(m: _Member, i: int, step: int, stepper: PackedStep, times: dict) -
     m.losses = []
 
 
-def _train_pack(members: list[_Member]) -> list[dict[str, Any]]:
+def _train_pack(members: list[_Member], deadline: float | None = None) -> list[dict[str, Any]]:
     runs = [m.run for m in members]
     n, max_steps, device = len(runs), runs[0].cfg.trainer.max_steps, runs[0].device
     packed = pack([r.model for r in runs])
@@ -183,9 +195,11 @@ def _train_pack(members: list[_Member]) -> list[dict[str, Any]]:
     stepper = PackedStep(packed, [r.objective for r in runs], [r.optimizer for r in runs],
                          [r.scheduler for r in runs], [r.cfg.trainer.max_grad_norm for r in runs])
     times: dict[str, list[float]] = {"data": [], "step": []}
+    stopped = None
     packed.train()
     try:
         for step in tqdm(range(max_steps), desc=f"pack of {n}", dynamic_ncols=True, mininterval=2.0):
+            stop = deadline is not None and time.monotonic() >= deadline and step + 1 < max_steps
             t0 = time.perf_counter()
             x, y = _draw(members, device)
             t1 = time.perf_counter()
@@ -201,8 +215,12 @@ def _train_pack(members: list[_Member]) -> list[dict[str, Any]]:
                                     "frozen, the other runs go on")
                     continue
                 m.losses.append(values[i])
-                if (step + 1) % m.run.cfg.trainer.eval_every == 0 or step + 1 == max_steps:
+                if (step + 1) % m.run.cfg.trainer.eval_every == 0 or step + 1 == max_steps or stop:
                     _evaluate(m, i, step + 1, stepper, times)
+            if stop:
+                stopped = {"step": step + 1, "reason": "deadline"}
+                log.warning(f"pack of {n}: deadline reached, stopped at step {step + 1} of {max_steps}")
+                break
         # per run: the pack's medians shared out; pack_*: the whole pack's step
         per_run = {k: statistics.median(v) / n for k, v in times.items()}
         timing = {**per_run, "step": sum(per_run.values()),
@@ -211,7 +229,8 @@ def _train_pack(members: list[_Member]) -> list[dict[str, Any]]:
         for i, m in enumerate(members):
             div = stepper.divergences.get(i)
             out.append(m.run.results(timing, m.job.choices, packed={"size": n, "index": i},
-                                     diverged={"step": div.step, "reason": div.reason} if div else None))
+                                     diverged={"step": div.step, "reason": div.reason} if div else None,
+                                     stopped=stopped))
             if m.run.rows:
                 m.run.logger.summary({f"final/{k}": v for k, v in m.run.rows[-1].items()})
         return out

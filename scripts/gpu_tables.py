@@ -1,0 +1,238 @@
+"""One dataset's Table-1 block (seed 002 Table 1) inside one GPU slot, planned from measured speed.
+
+    python scripts/gpu_tables.py run --dataset cifar10 --out OUT [--budget-s 480] [--steps 40000]
+    python scripts/gpu_tables.py unpack OUT/runs.jsonl.gz --into results/gpu_tables/cifar10
+
+``run`` (what ``scripts/gpu_tables.sh`` calls on the lent machine):
+
+1. **Jobs.** The block is 4 imbalance levels (91/83/71/50 % positives) x ``ce``, ``auc_lp``,
+   ``ppd_sg``, ``ppd_adagrad`` x the lr grid x seeds, composed from ``experiment=table1_binary``
+   exactly as ``train.py -m experiment=table1_binary dataset=D`` composes its jobs, ordered
+   seed-major (every cell of seed 0 at every lr, then seed 1, ...): whatever is dropped, the
+   block's cells and the lr selection stay complete for the seeds that ran.
+2. **Plan.** Before training, it times a packed training step of the real model on the real batch
+   shape (``ce`` and ``auc_lp``, :mod:`packed.speed`) and one evaluation, then keeps the longest
+   prefix of the job list whose projected time fits ``--budget-s`` (with a 20 % margin). If not
+   even the first lr x level x objective block of one seed fits at ``--steps``, it shortens the
+   runs to fit it. It prints and records (``plan.json``) what it kept, what it dropped and why.
+3. **Train.** :func:`packed.launch.train_packed` with ``deadline`` = start + budget: a pack that
+   would overrun stops at its deadline and says so in each run's ``results.json``.
+4. **Export** (the device tool brings back at most 8 files): ``runs.jsonl.gz`` (per run: its name,
+   ``results.json`` and ``metrics.csv``; never checkpoints), ``tables.md``
+   (``scripts/make_tables.py --table binary``, per-cell and global lr rules), ``plan.json``.
+
+``unpack`` turns ``runs.jsonl.gz`` back into the usual run-folder layout (``<name>/results.json``,
+``<name>/metrics.csv``), which ``make_tables.py`` and ``summarize_runs.py`` read.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gzip
+import io
+import json
+import math
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
+
+LEVELS = (0.1, 0.2, 0.4, 1.0)            # dataset.neg_keep: 91 / 83 / 71 / 50 % positives
+OBJECTIVES = ("ce", "auc_lp", "ppd_sg", "ppd_adagrad")
+LRS = (0.1, 0.01, 0.001)
+SEEDS = (0, 1, 2)
+MARGIN = 0.8                              # plan for 80 % of the budget: packs, evals and setup vary
+
+
+def job_specs(dataset: str, seeds, lrs, levels=LEVELS, objectives=OBJECTIVES) -> list[dict]:
+    """The block's jobs, seed-major: ``{"name", "overrides"}``."""
+    return [{"name": f"{dataset}_nk{nk}_{obj}_lr{lr}_s{seed}",
+             "overrides": [f"dataset={dataset}", f"dataset.neg_keep={nk}", f"objective={obj}",
+                           f"optimizer.lr={lr}", f"seed={seed}"]}
+            for seed in seeds for lr in lrs for nk in levels for obj in objectives]
+
+
+def compose_job(overrides: list[str]):
+    from hydra import compose, initialize_config_dir
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        return compose("config", overrides=["experiment=table1_binary", *overrides])
+
+
+def measure(cfg, overrides: list[str], device, pack_n: int, reps: int) -> dict:
+    """ms per run-step of a packed step (``ce`` and ``auc_lp`` objectives) at ``pack_n`` runs,
+    and ms of one run's evaluation (val + test), for the model and batch of ``cfg``."""
+    import train
+    from builders import build_model, instantiate_runtime, runtime_values
+    from data import build_data
+    from packed.speed import build_runs, median_ms
+    bundle = build_data(cfg.dataset, seed=cfg.seed).to(device)
+    runtime = runtime_values(bundle)
+    shape, batch = tuple(bundle.input_shape), int(cfg.trainer.batch_size)
+    out = {"pack_n": pack_n, "input_shape": list(shape), "batch_size": batch}
+    for name in ("ce", "auc_lp"):
+        obj_cfg = compose_job([*overrides, f"objective={name}"]).objective   # last one wins
+        runs = build_runs(lambda: build_model(cfg, bundle), shape, batch, pack_n, device,
+                          make_objective=lambda: instantiate_runtime(obj_cfg, **runtime),
+                          num_classes=bundle.num_classes)
+        out[f"step_ms_per_run_{name}"] = median_ms(runs.packed, reps, device) / pack_n
+    model = build_model(cfg, bundle).to(device)
+    t0 = time.perf_counter()
+    for split in ("val", "test"):
+        train.evaluate(model, bundle, split, cfg, device)
+    out["eval_ms"] = 1000 * (time.perf_counter() - t0)
+    return out
+
+
+def plan(specs: list[dict], speed: dict, budget_s: float, steps: int, eval_every: int,
+         block: int) -> dict:
+    """The longest prefix of ``specs`` that fits ``MARGIN * budget_s``; shorter runs if not even
+    the first ``block`` jobs fit at ``steps``."""
+    def cost_s(spec, n_steps):
+        obj = "auc_lp" if "objective=auc_lp" in spec["overrides"] else "ce"
+        evals = math.ceil(n_steps / eval_every)
+        return (n_steps * speed[f"step_ms_per_run_{obj}"] + evals * speed["eval_ms"]) / 1000
+    avail = MARGIN * budget_s
+    first = specs[:block]
+    if sum(cost_s(s, steps) for s in first) > avail:   # shorten: steps where the first block fits
+        per_step = sum(cost_s(s, eval_every) for s in first) / eval_every
+        steps = max(eval_every, int(avail / per_step) // eval_every * eval_every)
+        reason = f"the first {len(first)} runs do not fit at the requested length"
+    else:
+        reason = None
+    kept, total = [], 0.0
+    for spec in specs:
+        c = cost_s(spec, steps)
+        if total + c > avail:
+            break
+        kept.append(spec)
+        total += c
+    return {"steps": steps, "shortened_because": reason, "kept": [s["name"] for s in kept],
+            "dropped": [s["name"] for s in specs[len(kept):]], "projected_s": round(total, 1),
+            "budget_s": budget_s}
+
+
+def export(run_dirs: dict[str, Path], out: Path) -> Path:
+    """``runs.jsonl.gz``: one line per run folder that has a ``metrics.csv``."""
+    path = out / "runs.jsonl.gz"
+    with gzip.open(path, "wt") as f:
+        for name, d in run_dirs.items():
+            if not (d / "metrics.csv").is_file():
+                continue
+            res = json.loads((d / "results.json").read_text()) if (d / "results.json").is_file() else None
+            f.write(json.dumps({"name": name, "results": res,
+                                "metrics_csv": (d / "metrics.csv").read_text()}) + "\n")
+    return path
+
+
+def unpack(path: Path, into: Path) -> list[Path]:
+    """Recreate ``<into>/<name>/{results.json, metrics.csv}`` from ``runs.jsonl.gz``."""
+    made = []
+    with gzip.open(path, "rt") as f:
+        for line in f:
+            rec = json.loads(line)
+            d = into / rec["name"]
+            d.mkdir(parents=True, exist_ok=True)
+            (d / "metrics.csv").write_text(rec["metrics_csv"])
+            if rec["results"] is not None:
+                (d / "results.json").write_text(json.dumps(rec["results"], indent=2))
+            made.append(d)
+    return made
+
+
+def tables(runs: Path, out: Path) -> None:
+    """``tables.md``: the binary table under both lr rules (make_tables.py's stderr kept)."""
+    import make_tables
+    parts = []
+    for rule in ("per-cell", "global"):
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            try:
+                text = make_tables.main([str(runs), "--table", "binary", "--lr-rule", rule])
+            except SystemExit as e:
+                text = f"(make_tables exited with {e.code})"
+        parts.append(f"## lr rule: {rule}\n\n{text}\n\n{err.getvalue()}")
+    (out / "tables.md").write_text("\n".join(parts))
+
+
+def run(args) -> int:
+    import torch
+    from builders import resolve_device
+    from packed.launch import Job, train_packed
+    start = time.monotonic()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(args.work or tempfile.mkdtemp(prefix="gpu_tables_"))   # checkpoints stay out of OUT
+    specs = job_specs(args.dataset, args.seeds, args.lrs)
+    extra = [f"trainer.max_steps={args.steps}", f"trainer.eval_every={args.eval_every}",
+             f"device={args.device}", "logger=csv", *args.set]
+    first_cfg = compose_job(specs[0]["overrides"] + extra)
+    device = resolve_device(first_cfg.device)
+    speed = measure(first_cfg, specs[0]["overrides"] + extra, device, min(args.probe_n, len(specs)),
+                    args.probe_reps)
+    block = len(args.lrs) * len(LEVELS) * len(OBJECTIVES)
+    elapsed = time.monotonic() - start
+    the_plan = plan(specs, speed, args.budget_s - elapsed, args.steps, args.eval_every, block)
+    the_plan.update(speed=speed, device=str(device), torch=torch.__version__, setup_s=round(elapsed, 1),
+                    extra_overrides=extra)
+    print(f"plan: {len(the_plan['kept'])} of {len(specs)} runs at {the_plan['steps']} steps, "
+          f"projected {the_plan['projected_s']} s of {the_plan['budget_s']:.0f} s; dropped "
+          f"{len(the_plan['dropped'])}" + (f"; shortened: {the_plan['shortened_because']}"
+                                            if the_plan["shortened_because"] else ""), flush=True)
+    (out / "plan.json").write_text(json.dumps(the_plan, indent=2))
+    steps_override = [f"trainer.max_steps={the_plan['steps']}"]
+    jobs, run_dirs = [], {}
+    for spec in specs:
+        if spec["name"] not in the_plan["kept"]:
+            continue
+        cfg = compose_job(spec["overrides"] + extra + steps_override)
+        run_dirs[spec["name"]] = work / spec["name"]
+        jobs.append(Job(cfg, run_dirs[spec["name"]], {"objective": cfg_choice(spec), "dataset": args.dataset},
+                        spec["name"]))
+    # the deadline leaves time for every run's last evaluation and the export
+    reserve_s = 1.5 * len(jobs) * speed["eval_ms"] / 1000 + 10
+    outcomes = train_packed(jobs, max_pack=args.max_pack, deadline=start + args.budget_s - reserve_s)
+    failed = [j.name for j, o in zip(jobs, outcomes) if isinstance(o, Exception)]
+    export(run_dirs, out)
+    tables(work, out)
+    print(f"done: {len(jobs) - len(failed)} runs written, {len(failed)} not run"
+          f"{': ' + ', '.join(failed) if failed else ''}; {time.monotonic() - start:.0f} s", flush=True)
+    return 0
+
+
+def cfg_choice(spec: dict) -> str:
+    return next(o.split("=", 1)[1] for o in spec["overrides"] if o.startswith("objective="))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="plan, train and export one dataset's Table-1 block")
+    r.add_argument("--dataset", required=True, help="cifar10 or catdog (one data pack per GPU call)")
+    r.add_argument("--out", required=True)
+    r.add_argument("--work", help="run folders with checkpoints (default: a temporary folder; only "
+                   "OUT's exported files travel back)")
+    r.add_argument("--budget-s", type=float, default=480.0, help="wall seconds for everything")
+    r.add_argument("--steps", type=int, default=40000, help="run length if it fits (the paper's)")
+    r.add_argument("--eval-every", type=int, default=10000)
+    r.add_argument("--lrs", type=float, nargs="+", default=list(LRS))
+    r.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS))
+    r.add_argument("--device", default="auto")
+    r.add_argument("--max-pack", type=int, default=None)
+    r.add_argument("--probe-n", type=int, default=8, help="pack size of the speed probe")
+    r.add_argument("--probe-reps", type=int, default=3)
+    r.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="extra overrides")
+    u = sub.add_parser("unpack", help="runs.jsonl.gz -> run folders")
+    u.add_argument("path", type=Path)
+    u.add_argument("--into", type=Path, required=True)
+    args = ap.parse_args(argv)
+    if args.cmd == "unpack":
+        print(f"{len(unpack(args.path, args.into))} run folders under {args.into}")
+        return 0
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# One offline dataset's Table-1 block (4 levels x ce/auc_lp/ppd_sg/ppd_adagrad x lr grid x seeds,
+# 40k steps) on a fresh lent GPU, packed, within one device command; see scripts/gpu_tables.py.
+#
+#   OUT=<folder> DATA_ROOT=<folder with the pack> bash scripts/gpu_tables.sh cifar10|catdog
+#
+# Env: BUDGET (wall seconds for planning + training + export, default 480: the device tool stops a
+# command at 10 minutes, and a hard timeout here at BUDGET + 40 s keeps it under 9), STEPS (40000),
+# EVAL_EVERY (10000), SEEDS ("0 1 2"), LRS ("0.1 0.01 0.001"), DEVICE (auto), EXTRA (more
+# overrides, e.g. "model=mlp"), PY (python3). Hydra/OmegaConf missing on the machine: wheels in
+# .whl/ are installed into a temporary folder first (build them here with
+# `.venv/bin/pip wheel --no-deps -w .whl hydra-core==1.3.8 omegaconf==2.3.1 antlr4-python3-runtime==4.9.3`).
+# Leaves under OUT only: machine.txt, plan.json, runs.jsonl.gz (metrics + results.json per run),
+# tables.md, gpu_tables.log. Here: python scripts/gpu_tables.py unpack OUT/runs.jsonl.gz --into <dir>.
+set -u
+DATASET=${1:?usage: OUT=... bash scripts/gpu_tables.sh cifar10|catdog}
+OUT=${OUT:?set OUT}; PY=${PY:-python3}; BUDGET=${BUDGET:-480}
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+export PYTHONUNBUFFERED=1 WANDB_MODE=disabled
+mkdir -p "$OUT"
+if ! $PY -c "import hydra, omegaconf" 2>/dev/null; then
+  site=$(mktemp -d)
+  $PY -m pip install -q --no-index --no-deps --no-compile --target "$site" "$ROOT"/.whl/*.whl \
+    || { echo "no hydra here and no wheels in .whl/ (see the header of $0)"; exit 3; }
+  export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+{ date -u; nvidia-smi -L 2>/dev/null || echo "no nvidia-smi"; $PY -c "import sys, torch, hydra; \
+print('python', sys.version.split()[0], 'torch', torch.__version__, 'hydra', hydra.__version__, \
+'cuda', torch.cuda.is_available() and torch.cuda.get_device_name())"; \
+(cd "$ROOT" && git log -1 --format='code %h %s' 2>/dev/null || echo "code: not a git checkout"); } > "$OUT/machine.txt" 2>&1
+# shellcheck disable=SC2086  # SEEDS, LRS and EXTRA are word lists
+timeout --signal=TERM $((${BUDGET%.*} + 40)) $PY "$ROOT/scripts/gpu_tables.py" run --dataset "$DATASET" \
+    --out "$OUT" --budget-s "$BUDGET" --steps "${STEPS:-40000}" --eval-every "${EVAL_EVERY:-10000}" \
+    --seeds ${SEEDS:-0 1 2} --lrs ${LRS:-0.1 0.01 0.001} --device "${DEVICE:-auto}" \
+    ${EXTRA:+--set $EXTRA} 2>&1 | tee "$OUT/gpu_tables.log"
+exit "${PIPESTATUS[0]}"

@@ -1,0 +1,66 @@
+"""scripts/gpu_tables.{sh,py} (issue 9 item 7): the GPU-slot script, end to end on the CPU with a
+few steps on digits, and its planner against hand-computed budgets."""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+import gpu_tables  # noqa: E402
+
+SPEED = {"step_ms_per_run_ce": 1.0, "step_ms_per_run_auc_lp": 2.0, "eval_ms": 100.0}
+
+
+def test_jobs_are_the_block_seed_major():
+    specs = gpu_tables.job_specs("cifar10", seeds=[0, 1], lrs=[0.1, 0.01])
+    assert len(specs) == 2 * 2 * 4 * 4 == len({s["name"] for s in specs})
+    assert all("seed=0" in s["overrides"] for s in specs[:32]) and "seed=1" in specs[32]["overrides"]
+
+
+def test_plan_keeps_the_prefix_that_fits_and_shortens_when_the_first_block_does_not():
+    specs = gpu_tables.job_specs("cifar10", seeds=[0, 1, 2], lrs=[0.1])   # 48 jobs, 16 per seed
+    # per run at 1000 steps, eval every 500: ce / ppd 1.0 s + 2 x 0.1 s, auc_lp 2.0 s + 0.2 s;
+    # a block of 16 (4 levels x ce, auc_lp, ppd_sg, ppd_adagrad) costs 12 x 1.2 + 4 x 2.2 = 23.2 s
+    p = gpu_tables.plan(specs, SPEED, budget_s=2 * 23.2 / gpu_tables.MARGIN + 0.5, steps=1000,
+                        eval_every=500, block=16)
+    assert p["steps"] == 1000 and p["shortened_because"] is None
+    assert len(p["kept"]) == 32 and p["dropped"] == [s["name"] for s in specs[32:]]
+    assert p["projected_s"] == pytest.approx(46.4)
+    # 10 s cannot hold 16 runs of 1000 steps (23.2 s): shortened to whole eval intervals
+    # 16 runs x 500 steps cost 11.6 s > 8 s available, so the floor is one interval (500)
+    short = gpu_tables.plan(specs, SPEED, budget_s=10.0, steps=1000, eval_every=500, block=16)
+    assert short["steps"] == 500 and short["shortened_because"]
+    longer = gpu_tables.plan(specs, SPEED, budget_s=100.0, steps=10000, eval_every=500, block=16)
+    # 80 s available, 16 runs cost 11.6 s per 500 steps -> 6 intervals = 3000 steps (69.6 s);
+    # the 10.4 s left take seed 1's first two runs (ce, auc_lp at 3.6 + 6.6 s would not: ce +
+    # auc_lp = 10.2 s fits, then ppd_sg's 3.6 s does not)
+    assert longer["steps"] == 3000 and len(longer["kept"]) == 18
+
+
+def test_end_to_end_on_the_cpu_with_a_few_steps(tmp_path):
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "PY": sys.executable, "OMP_NUM_THREADS": "1",
+           "BUDGET": "200", "STEPS": "6", "EVAL_EVERY": "3", "SEEDS": "0", "LRS": "0.1", "DEVICE": "cpu"}
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_tables.sh"), "digits"], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = tmp_path / "out"
+    assert sorted(p.name for p in out.iterdir()) == ["gpu_tables.log", "machine.txt", "plan.json",
+                                                     "runs.jsonl.gz", "tables.md"]
+    plan = json.loads((out / "plan.json").read_text())
+    assert len(plan["kept"]) == 16 and plan["steps"] == 6 and plan["speed"]["step_ms_per_run_ce"] > 0
+    with gzip.open(out / "runs.jsonl.gz", "rt") as f:
+        assert len(f.readlines()) == 16
+    runs = gpu_tables.unpack(out / "runs.jsonl.gz", tmp_path / "runs")
+    res = json.loads((runs[0] / "results.json").read_text())
+    assert res["final"]["step"] == 6 and res["packed"]["size"] >= 1 and res["batch_stream"]
+    tables = (out / "tables.md").read_text()
+    for objective in ("ce", "auc_lp", "ppd_sg", "ppd_adagrad"):
+        assert f"| {objective} |" in tables
+    assert "(n=1" in tables and "digits 0.1" in tables
