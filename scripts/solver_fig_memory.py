@@ -7,7 +7,8 @@ One step = ``model(x)`` -> :class:`objectives.auc.AUCLoss` -> ``backward`` -> SG
 random 3x32x32 images (CIFAR's shape) with 91 % positives (the LP-vs-CE study's split), the
 model of ``configs/model/resnet18.yaml`` (torchvision ResNet-18, ImageNet stem, 2 classes).
 ``dense`` is the same loss with :meth:`~objectives.pairwise.PairwiseRampLP.solve_pairs`
-overridden to pass ``-torch.eye(M)`` (:class:`DenseAUCLoss`).  Each (A, batch) cell runs in a
+overridden to pass ``-torch.eye(M)`` (:class:`DenseAUCLoss`), ``dense_paper`` the authors'
+dense recipe with autograd through its 20 Newton steps (:class:`DensePaperAUCLoss`).  Each (A, batch) cell runs in a
 fresh subprocess: a warm-up step, then the peak resident set of one more step above the RSS
 before it (``bench_solver_measure.peak_memory_mb``: ``/proc/self/clear_refs`` reset, glibc set
 to ``mmap`` big blocks), and that step's wall time.  CPU, float32, one thread.
@@ -26,12 +27,14 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_solver_measure import ROOT, _mallopt, peak_memory_mb  # noqa: E402
+from bench_solver_measure import ROOT, _mallopt, dense_paper_auc, peak_memory_mb  # noqa: E402
 
 from objectives.auc import AUCLoss  # noqa: E402
 
 POSITIVES = 0.91
-BATCHES = {"structured": [32, 64, 128, 200, 256, 512, 1024], "dense": [32, 64, 128, 200]}
+BATCHES = {"structured": [32, 64, 128, 200, 256, 512, 1024], "dense": [32, 64, 128, 200],
+           "dense_paper": [32, 64, 128, 200]}
+LOSSES = {}        # kind -> loss class, filled below
 
 
 class DenseAUCLoss(AUCLoss):
@@ -41,6 +44,17 @@ class DenseAUCLoss(AUCLoss):
         from objectives.common import solve
         A = -torch.eye(d.numel(), dtype=d.dtype, device=d.device)
         return solve(torch.ones_like(d), A, d - self.epsilon, options=self.solver_options).z
+
+
+class DensePaperAUCLoss(AUCLoss):
+    """``AUCLoss`` through the authors' dense recipe (``bench_solver_measure.dense_paper_auc``:
+    materialised ``A = [-I; -I]``, 20 Newton steps with a dense inverse, autograd through all)."""
+
+    def solve_pairs(self, d):
+        return dense_paper_auc(d, self.epsilon)
+
+
+LOSSES.update(structured=AUCLoss, dense=DenseAUCLoss, dense_paper=DensePaperAUCLoss)
 
 
 def pairs_of(batch):
@@ -54,7 +68,7 @@ def step_fn(kind, batch, seed=0):
     g = torch.Generator().manual_seed(seed)
     model = resnet18(num_classes=2, input_shape=[3, 32, 32], cifar_stem=False)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-4)
-    loss_fn = (DenseAUCLoss if kind == "dense" else AUCLoss)(epsilon=0.01)
+    loss_fn = LOSSES[kind](epsilon=0.01)
     x = torch.randn(batch, 3, 32, 32, generator=g)
     n_pos = min(batch - 1, max(1, round(POSITIVES * batch)))
     y = (torch.arange(batch) < n_pos).long()[torch.randperm(batch, generator=g)]
@@ -99,13 +113,15 @@ def table(rows):
     by = {(r["kind"], r["batch"]): r for r in rows}
     cell = lambda r: (f"{r['peak_mib']:.0f} MiB, {r['step_s']:.2f} s" if "peak_mib" in r  # noqa: E731
                       else r.get("skipped") or r.get("error") or "-")
-    L = ["| batch | pairs (91 % positives) | structured A (DiagonalOperator) | dense A | "
-         "dense / structured memory |", "|---:|---:|---:|---:|---:|"]
+    L = ["| batch | pairs (91 % positives) | structured A (DiagonalOperator) | dense A (ours) | "
+         "dense paper recipe | dense / structured | paper recipe / structured |",
+         "|---:|---:|---:|---:|---:|---:|---:|"]
     for b in sorted({r["batch"] for r in rows}):
-        s, d = by.get(("structured", b), {}), by.get(("dense", b), {})
-        ratio = f"{d['peak_mib'] / s['peak_mib']:.1f}x" if "peak_mib" in s and "peak_mib" in d \
-            else "-"
-        L.append(f"| {b} | {pairs_of(b)} | {cell(s)} | {cell(d)} | {ratio} |")
+        s, d, p = (by.get((k, b), {}) for k in LOSSES)
+        ratio = lambda x: (f"{x['peak_mib'] / s['peak_mib']:.1f}x"  # noqa: E731
+                           if "peak_mib" in s and "peak_mib" in x else "-")
+        L.append(f"| {b} | {pairs_of(b)} | {cell(s)} | {cell(d)} | {cell(p)} | {ratio(d)} | "
+                 f"{ratio(p)} |")
     return "\n".join(L)
 
 
@@ -114,11 +130,11 @@ def plot(rows, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(6, 4.2))
-    for i, kind in enumerate(("structured", "dense")):
+    for i, kind in enumerate(LOSSES):
         pts = sorted((r["batch"], r["peak_mib"]) for r in rows
                      if r["kind"] == kind and "peak_mib" in r)
         if pts:
-            ax.plot(*zip(*pts), marker="os"[i], label=f"A {kind}")
+            ax.plot(*zip(*pts), marker="osD"[i], label=kind.replace("_", " "))
     ax.set(xscale="log", yscale="log", xlabel="batch size (91 % positives)",
            ylabel="peak RSS of one training step, MiB",
            title="ResNet-18 + AUC LP training step (CPU, float32)")
@@ -135,15 +151,19 @@ def main():
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="results/solver")
     ap.add_argument("--timeout", type=int, default=600, help="seconds per cell")
+    ap.add_argument("--kinds", default=",".join(BATCHES))
+    ap.add_argument("--report-from", metavar="JSON",
+                    help="add the new cells to a saved .json's rows (same kind and batch: replaced)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         kind, batch = args.worker.split(",")
         print(json.dumps(worker(kind, int(batch))), flush=True)
         return
-    rows = []
-    for kind, batches in BATCHES.items():
-        for b in batches:
+    rows = json.loads(Path(args.report_from).read_text()) if args.report_from else []
+    for kind in args.kinds.split(",") if args.kinds else []:
+        for b in BATCHES[kind]:
+            rows = [r for r in rows if (r["kind"], r["batch"]) != (kind, b)]
             rows.append(run_cell(kind, b, args.timeout))
             print(rows[-1], file=sys.stderr, flush=True)
     out = Path(args.out)

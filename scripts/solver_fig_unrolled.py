@@ -81,12 +81,12 @@ def plot(res: dict, path: Path):
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(1, len(res), figsize=(5.5 * len(res), 4), squeeze=False)
     for ax, (name, r) in zip(axes[0], res.items()):
-        c = np.array(r["cosines"])
-        lo = min(c.min(), PAPER_COSINE) if len(c) else PAPER_COSINE
-        ax.hist(c, bins=np.linspace(lo - 1e-4, 1.0 + 1e-6, 30), color="C0")
-        ax.axvline(PAPER_COSINE, color="C3", ls="--", label=f"paper mean {PAPER_COSINE}")
-        ax.set(title=f"{name}: {len(c)} batches, mean {c.mean():.5f}", xlabel="cosine",
-               ylabel="batches")
+        gap = np.maximum(1 - np.array(r["cosines"]), 1e-16)     # 1 - cos, floored at 1e-16
+        ax.hist(np.log10(gap), bins=np.arange(-16.5, -1, 0.5), color="C0")
+        ax.axvline(np.log10(1 - PAPER_COSINE), color="C3", ls="--",
+                   label=f"paper: mean cosine {PAPER_COSINE}")
+        ax.set(title=f"{name}: {len(gap)} batches, mean cosine {1 - gap.mean():.6f}",
+               xlabel="log10(1 - cosine)  (1e-16: equal to float64 precision)", ylabel="batches")
         ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
