@@ -97,3 +97,14 @@ def test_memory_measure_and_dense_loss():
         loss_fn(xr, y).backward()
         grads.append(xr.grad)
     assert torch.allclose(grads[0], grads[1], atol=1e-10)
+
+
+@pytest.mark.parametrize("method", ["newton", "newton_highs"])
+def test_bench_random_sparse_lp_family_matches_highs(method):
+    """bench_solver's family (c): both of our forwards reach HiGHS's optimum (with equalities)."""
+    measure = load("bench_solver_measure")
+    c, A, b, A_eq, b_eq = measure.random_sparse_lp(120, seed=3)
+    assert A_eq.shape[0] >= 1
+    ref = linprog(c, A_ub=A, b_ub=b, A_eq=A_eq, b_eq=b_eq, bounds=(0, None), method="highs").fun
+    value = measure.make_sparse_call(method, 120, torch.float64, torch.device("cpu"), seed=3)()
+    assert value == pytest.approx(ref, rel=1e-8)
