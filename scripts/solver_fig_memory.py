@@ -136,7 +136,7 @@ def plot(rows, path):
         if pts:
             ax.plot(*zip(*pts), marker="osD"[i], label=kind.replace("_", " "))
     ax.set(xscale="log", yscale="log", xlabel="batch size (91 % positives)",
-           ylabel="peak RSS of one training step, MiB",
+           ylabel="peak RSS of one step above the RSS before it, MiB",
            title="ResNet-18 + AUC LP training step (CPU, float32)")
     ax.set_xscale("log", base=2)
     ax.grid(True, alpha=0.3)
