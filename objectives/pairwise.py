@@ -34,6 +34,9 @@ from objectives.common import (check_backward, check_solver_options, finite_posi
                                solve, solver_stats, zero_loss)
 
 METHODS = ("lp", "closed_form")
+# solver_stats' names of the diagnostics kept on the device with solver.capture_safe
+DEVICE_STATS = (("lp_iterations", "iterations"), ("lp_kkt_residual", "kkt_residual"),
+                ("lp_active", "active_count"), ("lp_converged", "converged"))
 
 
 def neg_identity(m: int, like: torch.Tensor):
@@ -67,6 +70,9 @@ class PairwiseRampLP(Objective):
         method: ``"lp"`` (Newton LP solver, default) or ``"closed_form"`` (oracle / ablation).
         backward: the solver's backward mode, ``"active_set"`` or ``"unrolled"``.
         solver: extra keyword options for ``solver.solve_lp`` (tolerances, iterations, ...).
+            ``solver={"capture_safe": True}`` takes the solver's capture-safe path (fixed
+            iteration counts, no host sync: :mod:`solver.capture`); the solver diagnostics
+            are then summed on the device and read once, by :meth:`pop_stats`.
     """
 
     min_batch_size = 2  # a pair needs two samples
@@ -80,6 +86,7 @@ class PairwiseRampLP(Objective):
         self.method = method
         self.backward = check_backward(backward)
         self.solver_options = check_solver_options(solver)
+        self._lp_sums: torch.Tensor | None = None   # capture_safe: device sums + count
 
     def pairs(self, logits: torch.Tensor, labels: torch.Tensor):
         """Return ``(d [M], w [M])`` -- margins and weights summing to one -- or ``None`` when the
@@ -113,9 +120,29 @@ class PairwiseRampLP(Objective):
         (e.g. :class:`baselines.cvxpy_lp.AUCCvxpyLoss`) overrides."""
         z, sol = ramp_lp(d, self.epsilon, method=self.method, backward=self.backward,
                          options=self.solver_options)
-        if sol is not None:
+        if sol is not None and self.solver_options.get("capture_safe"):
+            self._record_on_device(sol.stats)
+        elif sol is not None:
             self.record(**solver_stats(sol))
         return z
+
+    def _record_on_device(self, stats) -> None:
+        """Add this solve's diagnostics to a device buffer in place (no host sync; an in-place
+        add is also what a replayed CUDA graph repeats)."""
+        vals = torch.stack([stats[key].float() for _, key in DEVICE_STATS])
+        if self._lp_sums is None or self._lp_sums.device != vals.device:
+            self._lp_sums = torch.zeros(len(DEVICE_STATS) + 1, device=vals.device)
+        self._lp_sums[:-1].add_(vals)
+        self._lp_sums[-1:].add_(1.0)
+
+    def pop_stats(self) -> dict[str, float]:
+        out = super().pop_stats()
+        if self._lp_sums is not None:
+            *sums, count = self._lp_sums.tolist()     # the one sync, at evaluation
+            if count:
+                out.update({name: s / count for (name, _), s in zip(DEVICE_STATS, sums)})
+            self._lp_sums.zero_()
+        return out
 
     def extra_repr(self) -> str:
         return f"epsilon={self.epsilon}, method={self.method!r}, backward={self.backward!r}"

@@ -186,16 +186,12 @@ def _newton_diagonal(prob, z, eps, *, delta, tol, max_iter, step_size, max_norm,
     gnorm = torch.zeros_like(eps)
     eps_c = eps.unsqueeze(-1) * prob.c_hat
     delta_c = delta.unsqueeze(-1)
-    tiny_c = 100 * torch.finfo(z.dtype).eps
     for k in range(max_iter + 1):
-        rA = a * z - b
-        grad = eps_c + a * rA.clamp_min(0) - (-z).clamp_min(0)
-        gnorm = grad.abs().amax(-1) / eps
+        rA, grad, gnorm = diagonal_gradient(z, a, b, eps, eps_c)
         active = active & ~(gnorm <= tol)
         if k >= max_iter or not bool(active.any()):
             break
-        diag = (rA > 0).to(z.dtype) * a2 + (z < 0).to(z.dtype) + delta_c
-        d = -(grad / diag)
+        d = diagonal_direction(z, rA, grad, a2, delta_c)
         all_active = bool(active.all())
         if not all_active:
             d = d * active.unsqueeze(-1).to(d.dtype)
@@ -205,16 +201,38 @@ def _newton_diagonal(prob, z, eps, *, delta, tol, max_iter, step_size, max_norm,
             lam = torch.where(active, torch.full_like(eps, step_size), torch.zeros_like(eps))
             step_vec = lam.unsqueeze(-1) * d
         z = z + step_vec
-        z_abs = z.abs().amax(-1)
-        if step_size > 0:   # lam > 0 exactly on the active LPs
-            tiny = step_vec.abs().amax(-1) <= tiny_c * (1 + z_abs)
-            active = active & ~tiny
-        iters = iters + active.long()
-        big = z_abs > max_norm
-        diverged = diverged | (big & active)
-        active = active & ~big
+        active, iters, diverged = after_step(z, step_vec, active, iters, diverged,
+                                             step_size=step_size, max_norm=max_norm)
     return z, {"iterations": iters, "grad_norm": gnorm, "diverged": diverged,
                "stopped": ~active & ~diverged, "cg_iterations": 0}
+
+
+def diagonal_gradient(z, a, b, eps, eps_c):
+    """``A = diag(a)``: residual ``rA = a z - b``, penalty gradient and its stopping measure
+    ``|grad|_inf / eps`` (shared with the fixed-iteration path, :mod:`solver.capture`)."""
+    rA = a * z - b
+    grad = eps_c + a * rA.clamp_min(0) - (-z).clamp_min(0)
+    return rA, grad, grad.abs().amax(-1) / eps
+
+
+def diagonal_direction(z, rA, grad, a2, delta_c):
+    """The generalized Newton direction ``-grad / (w_A a^2 + w_z + delta)`` of a diagonal A."""
+    diag = (rA > 0).to(z.dtype) * a2 + (z < 0).to(z.dtype) + delta_c
+    return -(grad / diag)
+
+
+def after_step(z, step_vec, active, iters, diverged, *, step_size, max_norm):
+    """Per-LP bookkeeping after ``z += step_vec``: a step that no longer changes ``z`` stops
+    the LP (numerically converged), an active LP is counted, ``|z|_inf > max_norm`` marks it
+    diverged; all on the device.  Returns ``(active, iters, diverged)``."""
+    z_abs = z.abs().amax(-1)
+    if step_size > 0:   # lam > 0 exactly on the active LPs
+        tiny = step_vec.abs().amax(-1) <= 100 * torch.finfo(z.dtype).eps * (1 + z_abs)
+        active = active & ~tiny
+    iters = iters + active.long()
+    big = z_abs > max_norm
+    diverged = diverged | (big & active)
+    return active & ~big, iters, diverged
 
 
 def _newton_diagonal_one(prob, z, eps, a, a2, b, *, delta, tol, max_iter, step_size,

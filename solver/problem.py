@@ -117,8 +117,11 @@ def _as_matrix(name, M, n):
     return op, _batch_of(op, not is_dense), op.shape[-2]
 
 
-def build_problem(c, A, b, A_eq=None, b_eq=None, *, compute_dtype=None) -> LPProblem:
-    """Validate shapes/dtypes/finiteness, broadcast the batch and flatten it to ``B``."""
+def build_problem(c, A, b, A_eq=None, b_eq=None, *, compute_dtype=None,
+                  check_finite=True) -> LPProblem:
+    """Validate shapes/dtypes/finiteness, broadcast the batch and flatten it to ``B``.
+    ``check_finite=False`` skips the NaN/Inf check, the one host sync here (the capture-safe
+    path, :mod:`solver.capture`, reports finiteness as a device flag instead)."""
     if not isinstance(c, torch.Tensor) or not isinstance(b, torch.Tensor):
         raise LPInputError("c and b must be torch tensors.")
     if (A_eq is None) != (b_eq is None):
@@ -169,9 +172,10 @@ def build_problem(c, A, b, A_eq=None, b_eq=None, *, compute_dtype=None) -> LPPro
             named.append((name, t))
     # one host sync for all the data: a sum is finite iff no entry is NaN/Inf (barring
     # overflow, which only sends us to the exact per-tensor check that names the culprit)
-    with torch.no_grad():
-        sums = torch.stack([t.sum(dtype=torch.float64) for _, t in named]).tolist()
-    if not all(math.isfinite(v) for v in sums):
+    if check_finite:
+        with torch.no_grad():
+            sums = torch.stack([t.sum(dtype=torch.float64) for _, t in named]).tolist()
+    if check_finite and not all(math.isfinite(v) for v in sums):
         for name, t in named:
             _check_finite(name, t)
 

@@ -114,13 +114,15 @@ def _kkt(m):
     return torch.maximum(torch.maximum(weight * m[0], m[1]), m[2])
 
 
-def _certify(prob, z, system, pen_u, accept_tol, method):
+def _certify(prob, z, system, pen_u, accept_tol, method, fixed=False):
     """Multipliers and KKT measures for ``z``.  Candidates, first that passes wins (else the
     best): least-norm multipliers on the active rows ``T`` (no 1/eps roundoff
     amplification); the thresholded penalty multipliers; least-norm multipliers on the rows
     with positive penalty multipliers only (a degenerate vertex has more tight rows than
     the dual needs, and the least-norm fit over all of them can go negative).  ``pen_u``
-    None: the first candidate only (a guessed vertex has no penalty multipliers)."""
+    None: the first candidate only (a guessed vertex has no penalty multipliers).
+    ``fixed`` (:mod:`solver.capture`): every candidate is computed and the "stop once the whole
+    batch passes" test is a device mask instead of a host branch (same result)."""
     u = _least_norm_dual(prob, system)
     best = [*u, *kkt_measures(prob, z, *u)]
     best_kkt = _kkt(best[3:6])
@@ -129,12 +131,15 @@ def _certify(prob, z, system, pen_u, accept_tol, method):
                            torch.zeros_like(prob.c_scale), method, pinv=True,
                            cg_tol=system.cg_tol, cg_max_iter=system.cg_max_iter))]
     for make in candidates:
-        if bool((best_kkt <= accept_tol).all()):
+        passed = (best_kkt <= accept_tol).all()
+        if not fixed and bool(passed):
             break
         u = make()
         cand = [*u, *kkt_measures(prob, z, *u)]
         kkt = _kkt(cand[3:6])
         use = kkt < best_kkt
+        if fixed:
+            use = use & ~passed
         best = [_where(use, a, b) for a, b in zip(cand, best)]
         best_kkt = torch.where(use, kkt, best_kkt)
     return best
@@ -148,13 +153,17 @@ def _where(mask, a, b):
 
 @torch.no_grad()
 def recover(prob, zp, eps, *, method, active_tol=1.0, cg_tol=1e-12, cg_max_iter=1000,
-            accept_tol=0.0, repair_rounds=2):
+            accept_tol=0.0, repair_rounds=2, fixed=False):
     """Active set at ``zp``, vertex, multipliers, KKT measures (see the module docstring).
 
     Where the active rows are inconsistent (``eps`` above the exactness threshold for a few
     nearly degenerate rows, common in huge separable LPs) the least-squares point violates
     some active rows and strictly satisfies others; up to ``repair_rounds`` times the strictly
     satisfied ones are dropped and the vertex re-solved, kept only if the KKT residual drops.
+
+    ``fixed=True`` (:mod:`solver.capture`, no host sync): every repair round runs, and the
+    rounds the standard path would have skipped (nothing bad, the same T, no LP improved) are
+    masked out on the device by ``go``, so the result is the same.
     """
     zp = zp.detach()
     rA, _, uA, uz, uE = multipliers(prob, zp, eps)
@@ -163,13 +172,16 @@ def recover(prob, zp, eps, *, method, active_tol=1.0, cg_tol=1e-12, cg_max_iter=
     wA = (rA > -kappa).to(zp.dtype)
     wz = (zp < kappa).to(zp.dtype)
     z, system = _solve_active(prob, zp, wA, wz, method, cg_tol, cg_max_iter)
-    cert = _certify(prob, z, system, (uA, uz, uE), accept_tol, method)
+    cert = _certify(prob, z, system, (uA, uz, uE), accept_tol, method, fixed)
     mixed = False
+    go = torch.ones((), dtype=torch.bool, device=zp.device)   # fixed: "the loop goes on"
     for _ in range(repair_rounds):
         kkt = _kkt(cert[3:6])
         # also repair accepted points whose few ambiguous rows leave a visible infeasibility
         bad = (kkt > accept_tol) | (cert[3] > 100 * torch.finfo(z.dtype).eps)
-        if not bool(bad.any()):
+        if fixed:
+            go = go & bad.any()
+        elif not bool(bad.any()):
             break
         rA, _ = prob.residuals(z)
         size = torch.maximum((wA * rA).abs().amax(-1) if prob.m else torch.zeros_like(eps),
@@ -177,12 +189,20 @@ def recover(prob, zp, eps, *, method, active_tol=1.0, cg_tol=1e-12, cg_max_iter=
         thr = (1e-3 * size).unsqueeze(-1)
         wA2 = torch.where(bad.unsqueeze(-1), wA * (rA >= -thr), wA)
         wz2 = torch.where(bad.unsqueeze(-1), wz * (z <= thr), wz)
-        if torch.equal(wA2, wA) and torch.equal(wz2, wz):
+        if fixed:
+            go = go & ~((wA2 == wA).all() & (wz2 == wz).all())
+        elif torch.equal(wA2, wA) and torch.equal(wz2, wz):
             break
         z2, system2 = _solve_active(prob, zp, wA2, wz2, method, cg_tol, cg_max_iter)
-        cert2 = _certify(prob, z2, system2, (uA, uz, uE), accept_tol, method)
+        cert2 = _certify(prob, z2, system2, (uA, uz, uE), accept_tol, method, fixed)
         kkt2 = _kkt(cert2[3:6])
         better = kkt2 < kkt
+        if fixed:   # all better: take all; none: stop; some: take those (_finish rebuilds K_T)
+            take = go & better
+            z, wA, wz = _where(take, z2, z), _where(take, wA2, wA), _where(take, wz2, wz)
+            cert = [_where(take, a, b) for a, b in zip(cert2, cert)]
+            go = go & better.any()
+            continue
         if bool(better.all()):
             z, wA, wz, system, cert = z2, wA2, wz2, system2, cert2
             continue
@@ -191,7 +211,7 @@ def recover(prob, zp, eps, *, method, active_tol=1.0, cg_tol=1e-12, cg_max_iter=
         z, wA, wz = _where(better, z2, z), _where(better, wA2, wA), _where(better, wz2, wz)
         cert = [_where(better, a, b) for a, b in zip(cert2, cert)]
         mixed = True
-    return _finish(prob, z, wA, wz, system, cert, mixed, method, cg_tol, cg_max_iter)
+    return _finish(prob, z, wA, wz, system, cert, mixed or fixed, method, cg_tol, cg_max_iter)
 
 
 def _tight(prob, z, rel=None):
@@ -205,7 +225,9 @@ def _tight(prob, z, rel=None):
 
 def _finish(prob, z, wA, wz, system, cert, rebuild, method, cg_tol, cg_max_iter):
     """The KKT check certifies ``z`` whatever T was; keep in T only the rows tight at z (a
-    spurious row in an inconsistent least-squares fit would corrupt the backward)."""
+    spurious row in an inconsistent least-squares fit would corrupt the backward).
+    ``rebuild``: K_T is rebuilt without comparing (no host sync); it is a function of the final
+    ``(wA, wz)``, so it equals the system it replaces where those did not change."""
     tA, tz = _tight(prob, z)
     wA2, wz2 = wA * tA, wz * tz
     if rebuild or not torch.equal(wA2, wA) or not torch.equal(wz2, wz):

@@ -44,14 +44,18 @@ def _merge(old: Recovery | None, new: Recovery, ok: torch.Tensor) -> Recovery:
     if old is None:
         return new
     vals = {}
-    for f in fields(Recovery):
-        a, b = getattr(old, f.name), getattr(new, f.name)
+    for name in _RECOVERY_FIELDS:
+        a, b = getattr(old, name), getattr(new, name)
         if isinstance(b, torch.Tensor):
             mask = ok.view(-1, *([1] * (b.dim() - 1)))
-            vals[f.name] = torch.where(mask, b, a)
+            vals[name] = torch.where(mask, b, a)
         else:
-            vals[f.name] = b
+            vals[name] = b
     return Recovery(**vals)
+
+
+# (a constant, not dataclasses.fields() per call: torch.compile cannot trace that)
+_RECOVERY_FIELDS = tuple(f.name for f in fields(Recovery))
 
 
 def _initial_point(prob, opts):
@@ -263,9 +267,13 @@ def solve_lp(c, A, b, A_eq=None, b_eq=None, *, backward: str = "active_set",
             ``max_eps_steps``, ``max_iter``, ``tol``, ``delta``, ``step``, ``step_size``,
             ``linear_solver``, ``cg_tol``, ``cg_max_iter``, ``active_tol``, ``max_norm``,
             ``warm_start``, ``vertex_guess``, ``sketch``, ``sketch_size``, ``sketch_seed``, ``on_fail``,
-            ``diagnose``, ``compute_dtype``, ``forward``).  ``forward="highs"`` solves each
+            ``diagnose``, ``compute_dtype``, ``forward``, ``capture_safe``, ``fixed_iters``,
+            ``fixed_eps_stages``).  ``forward="highs"`` solves each
             LP with scipy's HiGHS on the CPU and keeps the active-set backward
             (:mod:`solver.highs`); the default ``"newton"`` batches and runs on the GPU.
+            ``capture_safe=True`` (separable LPs: ``DiagonalOperator`` A, no equalities) runs
+            fixed counts with device-side flags and no host sync (:mod:`solver.capture`);
+            its ``stats`` are device tensors and failures are flagged there, not raised.
 
     Leading batch dimensions broadcast (an unbatched ``A`` is shared by the batch).
 
@@ -285,6 +293,9 @@ def solve_lp(c, A, b, A_eq=None, b_eq=None, *, backward: str = "active_set",
     if backward not in BACKWARDS:
         raise LPInputError(f"backward={backward!r}; choose 'active_set' or 'unrolled'.")
     opts = SolverOptions.from_kwargs(options)
+    if opts.capture_safe:   # fixed counts, device flags, no host sync (separable LPs only)
+        from solver.capture import solve_capture_safe   # it imports this module
+        return solve_capture_safe(c, A, b, A_eq, b_eq, backward, opts)
     t0 = time.perf_counter()
     highs = opts.forward == "highs"
     # HiGHS computes in float64: so does its recovery unless compute_dtype says otherwise
