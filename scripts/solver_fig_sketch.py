@@ -121,6 +121,7 @@ def plot(S, path, budgets, kinds):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     for ax, (i, what) in zip(axes, ((0, "objective"), (2, "gradient d value / d b"))):
         for bi, budget in enumerate(budgets):
@@ -133,8 +134,11 @@ def plot(S, path, budgets, kinds):
             ref = S.get((budget, "none", 0))
             if ref:
                 ax.axhline(max(ref[i], 1e-16), color="k", lw=0.6, ls=["-", "--", ":"][bi % 3])
+        ks = sorted({k for (_, kd, k) in S if kd != "none"})
         ax.set(xscale="log", yscale="log", xlabel="reduced size k (rows of the sketch)",
                ylabel="median relative error vs HiGHS", title=what)
+        ax.set_xticks(ks, [str(k) for k in ks], minor=False)
+        ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
         ax.grid(True, alpha=0.3)
     axes[0].legend(fontsize=7)
     fig.suptitle("sketched Newton (black: no sketch at the same budget)", fontsize=10)
@@ -153,12 +157,16 @@ def main():
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--n", type=int, default=N)
     ap.add_argument("--m", type=int, default=M)
+    ap.add_argument("--report-from", metavar="JSON", help="redraw .md/.png from a saved .json")
     args = ap.parse_args()
     torch.set_num_threads(1)
     budgets = [int(x) for x in args.budgets.split(",")]
     kinds = args.kinds.split(",")
-    rows = run([int(k) for k in args.sizes.split(",")], kinds, budgets, args.seeds, args.n,
-               args.m, log=lambda s: print(s, file=sys.stderr, flush=True))
+    if args.report_from:
+        rows = json.loads(Path(args.report_from).read_text())
+    else:
+        rows = run([int(k) for k in args.sizes.split(",")], kinds, budgets, args.seeds, args.n,
+                   args.m, log=lambda s: print(s, file=sys.stderr, flush=True))
     S = summary(rows)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
