@@ -239,3 +239,10 @@ def test_cuda_graph_capture_and_replay():
     graph.replay()
     torch.cuda.synchronize()
     assert torch.isfinite(d.grad).all()
+
+
+def test_config_override_reaches_the_objective(compose_cfg):
+    """``+objective.solver.capture_safe=true`` (the key the auc_lp yaml documents)."""
+    from hydra.utils import instantiate
+    cfg = compose_cfg(["objective=auc_lp", "+objective.solver.capture_safe=true"])
+    assert instantiate(cfg.objective).solver_options == {"capture_safe": True}
