@@ -12,9 +12,10 @@
    block's cells and the lr selection stay complete for the seeds that ran.
 2. **Plan.** Before training, it times a packed training step of the real model on the real batch
    shape (``ce`` and ``auc_lp``, :mod:`packed.speed`) and one evaluation, then keeps the longest
-   prefix of the job list whose projected time fits ``--budget-s`` (with a 20 % margin). If not
+   prefix of the job list, in whole (seed, lr) blocks of 16, whose projected time fits
+   ``--budget-s`` (with a 20 % margin). If not
    even the first lr x level x objective block of one seed fits at ``--steps``, it shortens the
-   runs to fit it. It prints and records (``plan.json``) what it kept, what it dropped and why.
+   runs to the longest length at which that block fits (two significant digits). It prints and records (``plan.json``) what it kept, what it dropped and why.
 3. **Train.** :func:`packed.launch.train_packed` with ``deadline`` = start + budget: a pack that
    would overrun stops at its deadline and says so in each run's ``results.json``.
 4. **Export** (the device tool brings back at most 8 files): ``runs.jsonl.gz`` (per run: its name,
@@ -32,6 +33,7 @@ import gzip
 import io
 import json
 import math
+import os
 import sys
 import tempfile
 import time
@@ -87,31 +89,36 @@ def measure(cfg, overrides: list[str], device, pack_n: int, reps: int) -> dict:
 
 
 def plan(specs: list[dict], speed: dict, budget_s: float, steps: int, eval_every: int,
-         block: int) -> dict:
-    """The longest prefix of ``specs`` that fits ``MARGIN * budget_s``; shorter runs if not even
-    the first ``block`` jobs fit at ``steps``."""
+         block: int, unit: int = len(LEVELS) * len(OBJECTIVES)) -> dict:
+    """The longest prefix of ``specs`` in whole ``unit`` s (one seed and lr: every level and
+    objective) that fits ``MARGIN * budget_s``; if not even the first ``block`` jobs fit at
+    ``steps``, the longest run length (two significant digits) at which they do, with evaluations
+    at most every ``eval_every`` steps and at the end."""
     def cost_s(spec, n_steps):
         obj = "auc_lp" if "objective=auc_lp" in spec["overrides"] else "ce"
-        evals = math.ceil(n_steps / eval_every)
-        return (n_steps * speed[f"step_ms_per_run_{obj}"] + evals * speed["eval_ms"]) / 1000
+        return (n_steps * speed[f"step_ms_per_run_{obj}"]
+                + math.ceil(n_steps / eval_every) * speed["eval_ms"]) / 1000
     avail = MARGIN * budget_s
     first = specs[:block]
-    if sum(cost_s(s, steps) for s in first) > avail:   # shorten: steps where the first block fits
-        per_step = sum(cost_s(s, eval_every) for s in first) / eval_every
-        steps = max(eval_every, int(avail / per_step) // eval_every * eval_every)
-        reason = f"the first {len(first)} runs do not fit at the requested length"
-    else:
-        reason = None
+    reason = None
+    if sum(cost_s(s, steps) for s in first) > avail:
+        lo, hi = 0, steps   # largest n with cost(n) <= avail (cost grows with n)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if sum(cost_s(s, mid) for s in first) <= avail else (lo, mid - 1)
+        digits = 10 ** max(0, len(str(lo)) - 2)
+        steps, reason = max(1, lo // digits * digits), f"the first {len(first)} runs do not fit at {steps} steps"
     kept, total = [], 0.0
-    for spec in specs:
-        c = cost_s(spec, steps)
+    for start in range(0, len(specs), unit):
+        group = specs[start:start + unit]
+        c = sum(cost_s(spec, steps) for spec in group)
         if total + c > avail:
             break
-        kept.append(spec)
+        kept += group
         total += c
-    return {"steps": steps, "shortened_because": reason, "kept": [s["name"] for s in kept],
-            "dropped": [s["name"] for s in specs[len(kept):]], "projected_s": round(total, 1),
-            "budget_s": budget_s}
+    return {"steps": steps, "eval_every": min(eval_every, steps), "shortened_because": reason,
+            "kept": [s["name"] for s in kept], "dropped": [s["name"] for s in specs[len(kept):]],
+            "projected_s": round(total, 1), "budget_s": budget_s}
 
 
 def export(run_dirs: dict[str, Path], out: Path) -> Path:
@@ -153,7 +160,8 @@ def tables(runs: Path, out: Path) -> None:
                 text = make_tables.main([str(runs), "--table", "binary", "--lr-rule", rule])
             except SystemExit as e:
                 text = f"(make_tables exited with {e.code})"
-        parts.append(f"## lr rule: {rule}\n\n{text}\n\n{err.getvalue()}")
+        notes = err.getvalue().replace(f"{runs}{os.sep}", "").replace(str(runs), "<runs>")  # portable
+        parts.append(f"## lr rule: {rule}\n\n{text}\n\n{notes}")
     (out / "tables.md").write_text("\n".join(parts))
 
 
@@ -182,7 +190,7 @@ def run(args) -> int:
           f"{len(the_plan['dropped'])}" + (f"; shortened: {the_plan['shortened_because']}"
                                             if the_plan["shortened_because"] else ""), flush=True)
     (out / "plan.json").write_text(json.dumps(the_plan, indent=2))
-    steps_override = [f"trainer.max_steps={the_plan['steps']}"]
+    steps_override = [f"trainer.max_steps={the_plan['steps']}", f"trainer.eval_every={the_plan['eval_every']}"]
     jobs, run_dirs = [], {}
     for spec in specs:
         if spec["name"] not in the_plan["kept"]:
@@ -221,7 +229,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS))
     r.add_argument("--device", default="auto")
     r.add_argument("--max-pack", type=int, default=None)
-    r.add_argument("--probe-n", type=int, default=8, help="pack size of the speed probe")
+    r.add_argument("--probe-n", type=int, default=24,
+                   help="pack size of the speed probe (~ the ce + auc_lp pack of one seed's block)")
     r.add_argument("--probe-reps", type=int, default=3)
     r.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="extra overrides")
     u = sub.add_parser("unpack", help="runs.jsonl.gz -> run folders")

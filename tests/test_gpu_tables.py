@@ -33,15 +33,18 @@ def test_plan_keeps_the_prefix_that_fits_and_shortens_when_the_first_block_does_
     assert p["steps"] == 1000 and p["shortened_because"] is None
     assert len(p["kept"]) == 32 and p["dropped"] == [s["name"] for s in specs[32:]]
     assert p["projected_s"] == pytest.approx(46.4)
-    # 10 s cannot hold 16 runs of 1000 steps (23.2 s): shortened to whole eval intervals
-    # 16 runs x 500 steps cost 11.6 s > 8 s available, so the floor is one interval (500)
+    # 10 s (8 s available) cannot hold 16 runs of 1000 steps (23.2 s). At n steps they cost
+    # 0.02 n + 1.6 ceil(n / 500) s: n = 320 costs exactly 8.0 s; evaluation every 320 steps then
     short = gpu_tables.plan(specs, SPEED, budget_s=10.0, steps=1000, eval_every=500, block=16)
-    assert short["steps"] == 500 and short["shortened_because"]
+    assert (short["steps"], short["eval_every"], len(short["kept"])) == (320, 320, 16)
+    assert "do not fit at 1000 steps" in short["shortened_because"]
+    # 80 s available: n = 3440 costs 68.8 + 11.2 = 80.0 s; two significant digits -> 3400
     longer = gpu_tables.plan(specs, SPEED, budget_s=100.0, steps=10000, eval_every=500, block=16)
-    # 80 s available, 16 runs cost 11.6 s per 500 steps -> 6 intervals = 3000 steps (69.6 s);
-    # the 10.4 s left take seed 1's first two runs (ce, auc_lp at 3.6 + 6.6 s would not: ce +
-    # auc_lp = 10.2 s fits, then ppd_sg's 3.6 s does not)
-    assert longer["steps"] == 3000 and len(longer["kept"]) == 18
+    assert (longer["steps"], longer["eval_every"], len(longer["kept"])) == (3400, 500, 16)
+    # whole blocks only: 1.5 blocks' budget keeps one block
+    one = gpu_tables.plan(specs, SPEED, budget_s=1.5 * 23.2 / gpu_tables.MARGIN, steps=1000,
+                          eval_every=500, block=16)
+    assert len(one["kept"]) == 16
 
 
 def test_end_to_end_on_the_cpu_with_a_few_steps(tmp_path):
