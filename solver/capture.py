@@ -29,6 +29,8 @@ question answered on the device:
 
 Example::
 
+    >>> import torch
+    >>> from solver import DiagonalOperator, solve_lp
     >>> d = torch.randn(4096, dtype=torch.float64, requires_grad=True)   # pair margins
     >>> sol = solve_lp(torch.ones_like(d), DiagonalOperator(-torch.ones_like(d)), d - 0.01,
     ...                capture_safe=True)

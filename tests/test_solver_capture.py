@@ -80,6 +80,9 @@ def test_objectives_take_the_option_and_keep_stats_on_the_device():
         for key in ("lp_iterations", "lp_kkt_residual", "lp_active", "lp_converged"):
             assert s1[key] == pytest.approx(s0[key], abs=1e-6), key
         assert float(safe._lp_sums.sum()) == 0.0      # popped: reset in place
+        one_class = torch.zeros_like(labels)            # degenerate: nothing to rank
+        loss = safe(logits, one_class)
+        assert float(loss.detach()) == 0.0 and not torch.autograd.grad(loss, logits)[0].any()
 
 
 def test_batched_and_degenerate_lps():
