@@ -150,7 +150,7 @@ def train_packed(jobs: list[Job], max_pack: int | None = None, deadline: float |
     devices = {str(m.run.device) for m in members.values()}
     if devices == {"cpu"}:
         log.warning("packed launcher: no CUDA device in use; the packs run on the CPU, where a "
-                    "packed step costs ~1.3x the separate steps (packed/model.py): packing is "
+                    "packed step costs 1.2-1.9x the separate steps (results/packed_bench/): packing is "
                     "meant for GPUs")
     for p in packs:
         if deadline is not None and time.monotonic() >= deadline:

@@ -24,9 +24,13 @@ Why ``torch.func`` and not a hand-written grouped-convolution ResNet:
   written natively in the grouped layout ``[B, N*C, H, W]`` would not do. Measured on one CPU
   thread (``OMP_NUM_THREADS=1 python -m packed.speed``; float32, N=4, CE + SGD step, a 2-core
   machine loaded by two other trainings): ResNet-18 32x32 batch 64, packed
-  1005-1049 ms vs 775-786 ms for 4 separate steps (1.30-1.33x, two runs); MLP 1.23-1.32x; the grouped convolution alone is as
-  fast as 4 separate ones. If the GPU benchmark shows those copies dominate, a native grouped
-  ResNet can replace the forward behind the same storage and API.
+  1005-1049 ms vs 775-786 ms for 4 separate steps (1.30-1.33x, two runs); MLP 1.23-1.32x.
+  At larger N the grouped convolutions themselves cost more than N plain ones on the CPU
+  (``python -m packed.speed --profile``, N=8: backward 2.39 s vs 1.68 s, forward 0.76 s vs
+  0.50 s; the layout copies are ~11 % of the extra), so the CPU ratio grows with N (1.40x at N=8,
+  1.85x at N=24, ``results/packed_bench/``). On an H100 packing paid off from N=8 (0.66x) and
+  N=24 (0.37x). A per-model convolution on the CPU behind the same storage and API is the fix
+  there, if the CPU ever matters for packing.
 * BatchNorm running statistics are exact: the running mean / var / ``num_batches_tracked`` of all
   models are passed to ``functional_call`` stacked (``in_dims=0``), so the in-place momentum
   update inside ``vmap`` writes each model's own row, with the same formula as the single model
