@@ -28,6 +28,11 @@ just was) and its ``results.json`` records ``"stopped": {"step", "reason": "dead
 table never pools it with full-length runs (its final step differs); packs not started by ``t``
 are not run (their outcome is a :class:`PackedLaunchError`).
 
+Memory. A pack whose training step runs out of device memory (``torch.OutOfMemoryError``) before
+its first evaluation is split in two halves, which are trained one after the other (and split
+again if needed); each run restarts from its initial weights, so the result is the run it would
+have been. A single run that does not fit is recorded as not run.
+
 Limits: ``resume=true`` is refused (resume a packed run's folder with ``train.py resume=true``:
 its ``last.pt`` holds the run's own RNG state); all runs of a pack stop at the same
 ``trainer.max_steps``; each run holds its own copy of its splits on the device (runs of one
@@ -35,6 +40,8 @@ dataset do not share the source images yet).
 """
 from __future__ import annotations
 
+import copy
+import gc
 import logging
 import statistics
 import time
@@ -82,6 +89,8 @@ class _Member:
     run: train.Run
     rng: torch.Tensor   # the run's own torch RNG state (for its evaluations)
     stream: Any = None  # its data.stream.BatchStream
+    module: Any = None  # its own model before packing, and the states to restart a split pack from
+    initial: dict = field(default_factory=dict)
     losses: list = field(default_factory=list)   # training losses since its last evaluation
 
 
@@ -142,7 +151,8 @@ def train_packed(jobs: list[Job], max_pack: int | None = None, deadline: float |
             log.error(f"{job.name}: not run: {type(err).__name__}: {err}")
             outcomes[i] = err
             continue
-        members[i] = _Member(job, run, torch.get_rng_state())
+        members[i] = _Member(job, run, torch.get_rng_state(), module=run.model, initial={
+            "model": copy.deepcopy(run.model.state_dict()), "objective": copy.deepcopy(run.objective.state_dict())})
     order = list(members)
     keys = [pack_key(members[i].job.cfg, members[i].run) for i in order]
     packs, differing = group(keys, max_pack)
@@ -152,16 +162,45 @@ def train_packed(jobs: list[Job], max_pack: int | None = None, deadline: float |
         log.warning("packed launcher: no CUDA device in use; the packs run on the CPU, where a "
                     "packed step costs 1.2-1.9x the separate steps (results/packed_bench/): packing is "
                     "meant for GPUs")
-    for p in packs:
+    queue = list(packs)
+    while queue:
+        p = queue.pop(0)
         if deadline is not None and time.monotonic() >= deadline:
             for i in p:
                 outcomes[order[i]] = PackedLaunchError(f"{members[order[i]].job.name}: not started, "
                                                        "the deadline had passed")
             log.warning(f"packed launcher: deadline passed; {len(p)} run(s) of a pack not started")
             continue
-        for i, results in zip(p, _train_pack([members[order[j]] for j in p], deadline)):
-            outcomes[order[i]] = results
+        pack_members = [members[order[j]] for j in p]
+        try:
+            for i, results in zip(p, _train_pack(pack_members, deadline)):
+                outcomes[order[i]] = results
+        except torch.OutOfMemoryError as err:
+            if any(m.run.rows for m in pack_members):   # evaluated already: not restartable
+                raise
+            _restart(pack_members)
+            if len(p) == 1:
+                outcomes[order[p[0]]] = PackedLaunchError(
+                    f"{pack_members[0].job.name}: does not fit the device memory even alone ({err})")
+                log.error(str(outcomes[order[p[0]]]))
+                continue
+            half = len(p) // 2
+            log.warning(f"packed launcher: a pack of {len(p)} runs is out of memory; trying packs of "
+                        f"{half} and {len(p) - half}")
+            queue[:0] = [p[:half], p[half:]]
     return outcomes
+
+
+def _restart(members: list[_Member]) -> None:
+    """Give each run of a pack that failed before its first evaluation its own module and initial
+    states back, and free the pack's device memory."""
+    for m in members:
+        m.run.model = m.module
+        m.module.load_state_dict(m.initial["model"])
+        m.run.objective.load_state_dict(m.initial["objective"])
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def _draw(members: list[_Member], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -153,3 +153,43 @@ def test_deadline_stops_a_pack_and_records_it(compose_cfg, tmp_path):
         assert res["final"]["step"] == step == int(pd.read_csv(job.run_dir / "metrics.csv")["step"].iloc[-1])
     late = train_packed([Job(compose_cfg(short), tmp_path / "late", name="late")], deadline=time.monotonic())
     assert "not started" in str(late[0]) and not (tmp_path / "late" / "results.json").exists()
+
+
+def test_out_of_memory_halves_the_pack_and_each_run_restarts_from_its_initial_state(
+        compose_cfg, tmp_path, monkeypatch, caplog):
+    """A pack over 2 runs 'does not fit' (the step raises OutOfMemoryError after a real step of
+    the pack): 5 runs go 2 + 3 -> 1 + 2, and each run equals its train.py twin (digits' MLP packs
+    bitwise), so the aborted packs left no trace in the runs."""
+    from packed.step import PackedStep
+    real = PackedStep.step
+
+    def step(self, x, y, i):
+        out = real(self, x, y, i)   # updates the pack's weights first, as a late OOM would
+        if self.packed.n > 2:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return out
+    monkeypatch.setattr(PackedStep, "step", step)
+    short = ["dataset=digits", "trainer.max_steps=4", "trainer.eval_every=2"]
+    jobs = [Job(compose_cfg([*short, f"seed={s}", f"optimizer.lr={lr}"]), tmp_path / f"j{s}", name=f"j{s}")
+            for s, lr in zip(range(5), (0.1, 0.01, 0.1, 0.01, 0.1))]
+    with caplog.at_level("WARNING"):
+        out = train_packed(jobs)
+    assert "a pack of 5 runs is out of memory; trying packs of 2 and 3" in caplog.text
+    assert "a pack of 3 runs is out of memory; trying packs of 1 and 2" in caplog.text
+    assert sorted(r["packed"]["size"] for r in out) == [1, 2, 2, 2, 2]
+    for job, res in zip(jobs, out):
+        alone = train.train(job.cfg, tmp_path / "alone" / job.name)
+        assert res["final"]["train_loss"] == alone["final"]["train_loss"]
+        assert res["final"]["test_auc"] == alone["final"]["test_auc"]
+
+
+def test_a_run_that_does_not_fit_alone_is_recorded(compose_cfg, tmp_path, monkeypatch):
+    from packed.step import PackedStep
+
+    def step(self, x, y, i):
+        raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+    monkeypatch.setattr(PackedStep, "step", step)
+    jobs = [Job(compose_cfg(["dataset=digits", "trainer.max_steps=2", f"seed={s}"]), tmp_path / f"j{s}",
+                name=f"j{s}") for s in (0, 1)]
+    out = train_packed(jobs)
+    assert all(isinstance(o, Exception) and "does not fit the device memory even alone" in str(o) for o in out)
