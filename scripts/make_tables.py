@@ -14,7 +14,8 @@ objective.epsilon. The paper's number (scripts/paper_numbers.py) is printed besi
 Rules
 1. A cell is the set of runs whose resolved configs agree on every key except ``seed`` and the
    keys in IGNORED (paths, logging, devices: none of them defines a protocol), and whose final
-   evaluation is at the same step (a key missing from an older run's config counts as null). It
+   evaluation is at the same step (a key missing from an older run's config counts as null, or as
+   its ADDED_DEFAULTS value when it was added with the behaviour older runs had). It
    reports the test metric in % at that step: mean ± sample std over its runs (the seeds), and
    n. Runs of different length never share a cell.
 2. Rows are objectives (the Hydra choice). Runs of one objective that differ in another key are
@@ -57,6 +58,11 @@ IGNORED = (  # config keys (and their sub-keys) that never define a protocol
     "trainer.eval_batch_size", "trainer.num_workers", "trainer.log_every",  # speed, progress bar
     "trainer.eval_every",       # when val/test are measured; the last eval is at max_steps anyway
 )
+#: Keys added to the configs after some committed runs were made, with the value that reproduces
+#: what those runs did: an older run without the key counts as having this value (not null).
+ADDED_DEFAULTS = {
+    "trainer.eval_bn": "eval",   # BatchNorm-train evaluation option (issue 12); before it: eval()
+}
 COLUMN_PREFIXES = ("dataset.", "model.")  # may differ between columns, not inside one
 LR_KEY = "optimizer.lr"
 TEX = {"\\": "\\textbackslash{}", "_": "\\_", "%": "\\%", "&": "\\&", "#": "\\#", "{": "\\{", "}": "\\}",
@@ -136,7 +142,7 @@ def load(folders: list[Path], table: Table, lr_rule: str, log) -> list[Run]:
     for path in found.values():
         try:
             res = json.loads(path.read_text())
-            cfg, final = flatten(res["config"]), dict(res["final"])
+            cfg, final = ADDED_DEFAULTS | flatten(res["config"]), dict(res["final"])
         except (ValueError, KeyError, TypeError) as err:
             skipped[f"unreadable (need 'config' and 'final': {type(err).__name__})"].append(path)
             continue

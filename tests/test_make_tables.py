@@ -231,3 +231,18 @@ def test_paper_numbers_are_complete_and_consistent():
     # seed 001: the ablation's epsilon = 0.01 row is Table 1's "Ours" on Cat&Dog
     for level in (0.1, 0.2, 0.4, 1.0):
         assert PAPER["eps"][("catdog", level, 0.01)]["auc_lp"] == PAPER["binary"][("catdog", level)]["auc_lp"]
+
+
+def test_a_key_added_later_counts_as_its_old_behaviour_not_as_null(tmp_path, capsys):
+    """trainer.eval_bn came after some runs: absent == "eval" (pooled), "train" is its own row."""
+    old = fake_run(tmp_path / "old", seed=0, test=0.70)
+    for name, seed, mode, auc in (("new", 1, "eval", 0.72), ("bn0", 0, "train", 0.60), ("bn1", 1, "train", 0.62)):
+        run = fake_run(tmp_path / name, seed=seed, test=auc)
+        res = json.loads((run / "results.json").read_text())
+        res["config"]["trainer"]["eval_bn"] = mode
+        (run / "results.json").write_text(json.dumps(res))
+    assert "eval_bn" not in (old / "results.json").read_text()
+    lines, err = table(capsys, tmp_path)
+    assert "| auc_lp (trainer.eval_bn=eval) | 71.0 ± 1.4 (n=2) [paper 72.5] |" in lines
+    assert "| auc_lp (trainer.eval_bn=train) | 61.0 ± 1.4 (n=2) [paper 72.5] |" in lines
+    assert "placed 4 of 4 usable runs in 2 cells" in err
