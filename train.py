@@ -58,6 +58,10 @@ class CheckpointFallbackWarning(UserWarning):
     """``last.pt`` could not be read; the run resumed from ``last.prev.pt``."""
 
 
+class StreamChangeWarning(UserWarning):
+    """The run being resumed started with another batch stream (data/stream.py's history)."""
+
+
 class RunError(CompactHydraException):
     """A user error (bad config, missing or damaged data, refused resume, divergence): Hydra
     prints its message alone, without a traceback (``HYDRA_FULL_ERROR=1`` shows it)."""
@@ -153,7 +157,14 @@ def resume_from(cfg: DictConfig, run_dir: Path, resolved: dict, device) -> tuple
         raise runfolder.ResumeConfigError(runfolder.resume_mismatch_message(run_dir, diffs))
     if note:
         warnings.warn(note, CheckpointFallbackWarning, stacklevel=2)
+    first = (ckpt.get("launches") or [{}])[0].get("batch_stream", "per-image-global-rng-v1")
+    if first != STREAM_VERSION:
+        warnings.warn(f"{run_dir} started with batch stream {first}; it goes on with {STREAM_VERSION} "
+                      "(same shuffling, other crops and flips: data/stream.py), so its batches "
+                      "from step " f"{ckpt['step']} on differ from an uninterrupted old run's",
+                      StreamChangeWarning, stacklevel=2)
     launch = {"start_step": ckpt["step"], "resume": cfg.resume, "checkpoint": path.name,
+              "batch_stream": STREAM_VERSION,
               # results.json stays portable: the note without the run folder's absolute path
               "fallback": note.replace(f"{run_dir}{os.sep}", "") or None,
               "forced_differences": diffs or None}
@@ -200,8 +211,8 @@ class Run:
                  rng: Callable[[], dict] | None = None) -> dict[str, Any]:
         """Evaluate at ``step``, append the row and write metrics, best and last checkpoint.
 
-        ``rng`` (default :func:`rng_state`) is called after the evaluation, whose loaders draw
-        from torch's RNG: the checkpoint holds the state the next training step starts from.
+        ``rng`` (default :func:`rng_state`) is called after the evaluation: the checkpoint holds
+        the RNG state the next training step starts from.
 
         Raises :class:`DegenerateBatchesError` if the interval's batches were all degenerate."""
         cfg, run_dir = self.cfg, self.run_dir
@@ -261,9 +272,9 @@ def prepare_run(cfg: DictConfig, run_dir: Path, device: torch.device) -> tuple[R
     run_dir.mkdir(parents=True, exist_ok=True)
     runfolder.remove_stray_temporaries(run_dir)   # left by a writer that was killed
     ckpt, launch = resume_from(cfg, run_dir, resolved, device) if cfg.resume else \
-        (None, {"start_step": 0, "resume": cfg.resume})
+        (None, {"start_step": 0, "resume": cfg.resume, "batch_stream": STREAM_VERSION})
     seed_everything(cfg.seed)
-    bundle = build_data(cfg.dataset, seed=cfg.seed).to(device)   # the data live on the device
+    bundle = build_data(cfg.dataset, seed=cfg.seed)
     validate(cfg, bundle)
     runtime = runtime_values(bundle)
     model = built("model", cfg, lambda: build_model(cfg, bundle)).to(device)
@@ -285,6 +296,7 @@ def train(cfg: DictConfig, run_dir: Path, choices: dict[str, str] | None = None)
     validate(cfg)  # before any data or model is built: bad keys fail in a second, not a minute
     device = resolve_device(cfg.device)
     run, ckpt = prepare_run(cfg, run_dir, device)
+    run.bundle.to(device)   # the data live on the device: batches and evaluation gather there
     run.attach_optimizer()
     model, objective, optimizer, scheduler = run.model, run.objective, run.optimizer, run.scheduler
     step, timer = 0, Timer(device)

@@ -1,6 +1,6 @@
 """The training batch stream: one definition for ``train.py`` and the packed launcher, on every device.
 
-Batch ``k`` of a run is a pure function of ``(seed, k)``: epoch ``e = k // (n // B)`` shuffles the
+Batch ``k`` of a run is a pure function of ``(seed, k)``: epoch ``e = k // max(1, n // B)`` shuffles the
 training split with a generator seeded ``seed * 100003 + e`` and draws that epoch's crops and flips
 (:mod:`data.augment`) from a second generator seeded from ``(seed, e)``; the batch is the ``k``-th
 slice of both. So a resumed run sees the batches it would have seen, a packed run sees the

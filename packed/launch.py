@@ -13,9 +13,11 @@ and the keys that split them.
 
 Batches. Each run draws from its own :class:`data.stream.BatchStream` (a pure function of its
 seed and step, gathered on the device where its data live), so run ``i``'s batches are the
-batches ``train.py`` gives the same config. Each run keeps its own torch RNG state for its
-evaluations (the state ``train.py`` would have); the global numpy / python RNGs are shared (no
-objective draws from them during training).
+batches ``train.py`` gives the same config. Each run keeps its own torch RNG state (the state
+``train.py`` would have, saved in its checkpoints; neither the stream nor evaluation draws from
+it); the global numpy / python RNGs are shared (no objective draws from them during training).
+A pack's data move to the device when the pack starts and are released when it ends, so device
+memory holds one pack's runs, not the whole multirun's.
 
 Divergence. A run whose scores or loss become non-finite, or whose evaluation interval had only
 empty batches, is frozen (:class:`packed.PackedStep`) and its ``results.json`` records
@@ -23,15 +25,17 @@ empty batches, is frozen (:class:`packed.PackedStep`) and its ``results.json`` r
 an error instead.
 
 Deadline. ``train_packed(..., deadline=t)`` (a :func:`time.monotonic` time, e.g. a GPU slot's end)
-stops a pack at the first step boundary past ``t``: each live run is evaluated there (unless it
-just was) and its ``results.json`` records ``"stopped": {"step", "reason": "deadline"}``, so a
+stops a pack at the first step boundary past ``t`` (after at least one step): each live run is
+evaluated there unless it just was, and its ``results.json`` records
+``"stopped": {"step", "reason": "deadline"}``, so a
 table never pools it with full-length runs (its final step differs); packs not started by ``t``
 are not run (their outcome is a :class:`PackedLaunchError`).
 
 Memory. A pack whose training step runs out of device memory (``torch.OutOfMemoryError``) before
 its first evaluation is split in two halves, which are trained one after the other (and split
-again if needed); each run restarts from its initial weights, so the result is the run it would
-have been. A single run that does not fit is recorded as not run.
+again if needed); each run restarts from a fresh model with its initial weights and objective
+state (kept on the CPU), with the aborted steps' losses and diagnostics dropped, so the result is
+the run it would have been. A single run that does not fit is recorded as not run.
 
 Limits: ``resume=true`` is refused (resume a packed run's folder with ``train.py resume=true``:
 its ``last.pt`` holds the run's own RNG state); all runs of a pack stop at the same
@@ -55,7 +59,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 import train
-from builders import resolve_device
+from builders import build_model, resolve_device
 from data.stream import BatchStream
 from runfolder import _flatten
 from guards import DegenerateBatchesError
@@ -89,8 +93,7 @@ class _Member:
     run: train.Run
     rng: torch.Tensor   # the run's own torch RNG state (for its evaluations)
     stream: Any = None  # its data.stream.BatchStream
-    module: Any = None  # its own model before packing, and the states to restart a split pack from
-    initial: dict = field(default_factory=dict)
+    initial: dict = field(default_factory=dict)   # CPU copies of the initial model / objective states
     losses: list = field(default_factory=list)   # training losses since its last evaluation
 
 
@@ -151,8 +154,9 @@ def train_packed(jobs: list[Job], max_pack: int | None = None, deadline: float |
             log.error(f"{job.name}: not run: {type(err).__name__}: {err}")
             outcomes[i] = err
             continue
-        members[i] = _Member(job, run, torch.get_rng_state(), module=run.model, initial={
-            "model": copy.deepcopy(run.model.state_dict()), "objective": copy.deepcopy(run.objective.state_dict())})
+        members[i] = _Member(job, run, torch.get_rng_state(), initial={
+            "model": _to_cpu(run.model.state_dict()), "objective": _to_cpu(run.objective.state_dict())})
+        run.model = run.optimizer = run.scheduler = None   # rebuilt when its pack starts
     order = list(members)
     keys = [pack_key(members[i].job.cfg, members[i].run) for i in order]
     packs, differing = group(keys, max_pack)
@@ -172,35 +176,56 @@ def train_packed(jobs: list[Job], max_pack: int | None = None, deadline: float |
             log.warning(f"packed launcher: deadline passed; {len(p)} run(s) of a pack not started")
             continue
         pack_members = [members[order[j]] for j in p]
+        oom = None
         try:
             for i, results in zip(p, _train_pack(pack_members, deadline)):
                 outcomes[order[i]] = results
         except torch.OutOfMemoryError as err:
             if any(m.run.rows for m in pack_members):   # evaluated already: not restartable
                 raise
-            _restart(pack_members)
-            if len(p) == 1:
-                outcomes[order[p[0]]] = PackedLaunchError(
-                    f"{pack_members[0].job.name}: does not fit the device memory even alone ({err})")
-                log.error(str(outcomes[order[p[0]]]))
-                continue
-            half = len(p) // 2
-            log.warning(f"packed launcher: a pack of {len(p)} runs is out of memory; trying packs of "
-                        f"{half} and {len(p) - half}")
-            queue[:0] = [p[:half], p[half:]]
+            oom = str(err)
+        _release(pack_members)   # outside the except block: its traceback holds the pack
+        if oom is None:
+            continue
+        if len(p) == 1:
+            outcomes[order[p[0]]] = PackedLaunchError(
+                f"{pack_members[0].job.name}: does not fit the device memory even alone ({oom})")
+            log.error(str(outcomes[order[p[0]]]))
+            continue
+        half = len(p) // 2
+        log.warning(f"packed launcher: a pack of {len(p)} runs is out of memory; trying packs of "
+                    f"{half} and {len(p) - half}")
+        queue[:0] = [p[:half], p[half:]]
     return outcomes
 
 
-def _restart(members: list[_Member]) -> None:
-    """Give each run of a pack that failed before its first evaluation its own module and initial
-    states back, and free the pack's device memory."""
+def _to_cpu(state: dict) -> dict:
+    return {k: v.detach().to("cpu", copy=True) if torch.is_tensor(v) else copy.deepcopy(v)
+            for k, v in state.items()}
+
+
+def _release(members: list[_Member]) -> None:
+    """Drop a finished or failed pack's references (optimizers and models alias its storage;
+    the data go back to the host) and return its device memory."""
     for m in members:
-        m.run.model = m.module
-        m.module.load_state_dict(m.initial["model"])
-        m.run.objective.load_state_dict(m.initial["objective"])
+        m.run.optimizer = m.run.scheduler = m.stream = None
+        m.run.model = None
+        m.run.bundle.to("cpu")
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
+
+
+def _fresh(m: _Member) -> None:
+    """The run as :func:`train.prepare_run` left it: a new model with its initial weights, its
+    initial objective state, its data on the device, and no record of steps of an aborted pack."""
+    run = m.run
+    run.bundle.to(run.device)
+    run.model = train.built("model", run.cfg, lambda: build_model(run.cfg, run.bundle)).to(run.device)
+    run.model.load_state_dict(m.initial["model"])
+    run.objective.load_state_dict(m.initial["objective"])
+    run.objective.pop_stats()
+    m.losses = []
 
 
 def _draw(members: list[_Member], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -211,7 +236,7 @@ def _draw(members: list[_Member], device: torch.device) -> tuple[torch.Tensor, t
 
 def _evaluate(m: _Member, i: int, step: int, stepper: PackedStep, times: dict) -> None:
     """``train.py``'s evaluation of run ``i``; an all-empty interval freezes it (recorded)."""
-    torch.set_rng_state(m.rng)   # evaluation's loaders draw from torch's RNG, as in train.py
+    torch.set_rng_state(m.rng)   # the run's own state, as train.py's checkpoint holds it
     try:
         m.run.evaluate(step, m.losses, times, train.rng_state)
     except DegenerateBatchesError as err:
@@ -225,6 +250,8 @@ def _evaluate(m: _Member, i: int, step: int, stepper: PackedStep, times: dict) -
 def _train_pack(members: list[_Member], deadline: float | None = None) -> list[dict[str, Any]]:
     runs = [m.run for m in members]
     n, max_steps, device = len(runs), runs[0].cfg.trainer.max_steps, runs[0].device
+    for m in members:
+        _fresh(m)
     packed = pack([r.model for r in runs])
     for m, view in zip(members, packed.models):
         m.run.attach_optimizer(view)
@@ -238,7 +265,13 @@ def _train_pack(members: list[_Member], deadline: float | None = None) -> list[d
     packed.train()
     try:
         for step in tqdm(range(max_steps), desc=f"pack of {n}", dynamic_ncols=True, mininterval=2.0):
-            stop = deadline is not None and time.monotonic() >= deadline and step + 1 < max_steps
+            if deadline is not None and step > 0 and time.monotonic() >= deadline:
+                for i, m in enumerate(members):   # a last evaluation where there was none
+                    if i not in stepper.divergences and (not m.run.rows or m.run.rows[-1]["step"] != step):
+                        _evaluate(m, i, step, stepper, times)
+                stopped = {"step": step, "reason": "deadline"}
+                log.warning(f"pack of {n}: deadline reached, stopped at step {step} of {max_steps}")
+                break
             t0 = time.perf_counter()
             x, y = _draw(members, device)
             t1 = time.perf_counter()
@@ -254,12 +287,8 @@ def _train_pack(members: list[_Member], deadline: float | None = None) -> list[d
                                     "frozen, the other runs go on")
                     continue
                 m.losses.append(values[i])
-                if (step + 1) % m.run.cfg.trainer.eval_every == 0 or step + 1 == max_steps or stop:
+                if (step + 1) % m.run.cfg.trainer.eval_every == 0 or step + 1 == max_steps:
                     _evaluate(m, i, step + 1, stepper, times)
-            if stop:
-                stopped = {"step": step + 1, "reason": "deadline"}
-                log.warning(f"pack of {n}: deadline reached, stopped at step {step + 1} of {max_steps}")
-                break
         # per run: the pack's medians shared out; pack_*: the whole pack's step
         per_run = {k: statistics.median(v) / n for k, v in times.items()}
         timing = {**per_run, "step": sum(per_run.values()),

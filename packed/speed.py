@@ -74,19 +74,22 @@ class Runs:
 
 def build_runs(make, shape, batch: int, n: int, device: torch.device = torch.device("cpu"),
                make_objective: Callable[[], torch.nn.Module] = CrossEntropy,
-               autocast: torch.dtype | None = None, num_classes: int = 2) -> Runs:
-    """Build ``n`` runs of ``make()`` (SGD, ``make_objective()`` each) on ``[batch, *shape]``
-    inputs; ``autocast`` (e.g. ``torch.bfloat16``) wraps both steps in ``torch.autocast``."""
+               autocast: torch.dtype | None = None, num_classes: int = 2,
+               make_optimizer: Callable[[list], torch.optim.Optimizer] | None = None) -> Runs:
+    """Build ``n`` runs of ``make()`` (``make_objective()`` and ``make_optimizer(param_groups)``
+    each; default SGD with ``optimizer=sgd``'s values) on ``[batch, *shape]`` inputs;
+    ``autocast`` (e.g. ``torch.bfloat16``) wraps both steps in ``torch.autocast``."""
+    make_optimizer = make_optimizer or (lambda groups: torch.optim.SGD(groups, **SGD))
     torch.manual_seed(0)
     models = [make().to(device) for _ in range(n)]
     alone = [copy.deepcopy(m) for m in models]
     own = [make_objective().to(device) for _ in range(n)]      # separate runs' objectives
     shared = [make_objective().to(device) for _ in range(n)]   # packed runs' objectives
-    opts = [torch.optim.SGD(param_groups(m, o), **SGD) for m, o in zip(alone, own)]
+    opts = [make_optimizer(param_groups(m, o)) for m, o in zip(alone, own)]
     packed = pack(models)
     stepper = PackedStep(packed, shared,
-                         [torch.optim.SGD(param_groups(m, o), **SGD)
-                          for m, o in zip(packed.models, shared)], [None] * n)
+                         [make_optimizer(param_groups(m, o)) for m, o in zip(packed.models, shared)],
+                         [None] * n)
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(n, batch, *shape, generator=gen).to(device)
     y = torch.randint(0, num_classes, (n, batch), generator=gen).to(device)

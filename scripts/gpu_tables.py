@@ -8,14 +8,13 @@
 1. **Jobs.** The block is 4 imbalance levels (91/83/71/50 % positives) x ``ce``, ``auc_lp``,
    ``ppd_sg``, ``ppd_adagrad`` x the lr grid x seeds, composed from ``experiment=table1_binary``
    exactly as ``train.py -m experiment=table1_binary dataset=D`` composes its jobs, ordered
-   seed-major (every cell of seed 0 at every lr, then seed 1, ...): whatever is dropped, the
-   block's cells and the lr selection stay complete for the seeds that ran.
+   seed-major (every cell of seed 0 at every lr, then seed 1, ...) and kept in whole seeds:
+   whatever is dropped, the block's cells and the lr selection stay complete for the seeds that ran.
 2. **Plan.** Before training, it times a packed training step of the real model on the real batch
-   shape (``ce`` and ``auc_lp``, :mod:`packed.speed`) and one evaluation, then keeps the longest
-   prefix of the job list, in whole (seed, lr) blocks of 16, whose projected time fits
-   ``--budget-s`` (with a 20 % margin). If not
-   even the first lr x level x objective block of one seed fits at ``--steps``, it shortens the
-   runs to the longest length at which that block fits (two significant digits). It prints and records (``plan.json``) what it kept, what it dropped and why.
+   shape for each objective with its own optimizer (:mod:`packed.speed`) and one evaluation, then keeps the longest prefix of the job list, in whole
+   seeds, whose projected time fits ``--budget-s`` (with a 20 % margin). If not even seed 0's
+   block (every lr, level and objective) fits at ``--steps``, it shortens the runs to the longest
+   length at which it does (two significant digits). It prints and records (``plan.json``) what it kept, what it dropped and why.
 3. **Train.** :func:`packed.launch.train_packed` with ``deadline`` = start + budget: a pack that
    would overrun stops at its deadline and says so in each run's ``results.json``.
 4. **Export** (the device tool brings back at most 8 files): ``runs.jsonl.gz`` (per run: its name,
@@ -64,8 +63,10 @@ def compose_job(overrides: list[str]):
 
 
 def measure(cfg, overrides: list[str], device, pack_n: int, reps: int) -> dict:
-    """ms per run-step of a packed step (``ce`` and ``auc_lp`` objectives) at ``pack_n`` runs,
+    """ms per run-step of a packed step (each of :data:`OBJECTIVES`) at ``pack_n`` runs,
     and ms of one run's evaluation (val + test), for the model and batch of ``cfg``."""
+    from hydra.utils import instantiate
+
     import train
     from builders import build_model, instantiate_runtime, runtime_values
     from data import build_data
@@ -74,11 +75,12 @@ def measure(cfg, overrides: list[str], device, pack_n: int, reps: int) -> dict:
     runtime = runtime_values(bundle)
     shape, batch = tuple(bundle.input_shape), int(cfg.trainer.batch_size)
     out = {"pack_n": pack_n, "input_shape": list(shape), "batch_size": batch}
-    for name in ("ce", "auc_lp"):
-        obj_cfg = compose_job([*overrides, f"objective={name}"]).objective   # last one wins
+    for name in OBJECTIVES:   # each with the optimizer its config brings (ppd_*: their own)
+        job = compose_job([*overrides, f"objective={name}"])   # the last objective= wins
         runs = build_runs(lambda: build_model(cfg, bundle), shape, batch, pack_n, device,
-                          make_objective=lambda: instantiate_runtime(obj_cfg, **runtime),
-                          num_classes=bundle.num_classes)
+                          make_objective=lambda: instantiate_runtime(job.objective, **runtime),
+                          num_classes=bundle.num_classes,
+                          make_optimizer=lambda groups: instantiate(job.optimizer, _partial_=True)(params=groups))
         out[f"step_ms_per_run_{name}"] = median_ms(runs.packed, reps, device) / pack_n
     model = build_model(cfg, bundle).to(device)
     t0 = time.perf_counter()
@@ -89,13 +91,13 @@ def measure(cfg, overrides: list[str], device, pack_n: int, reps: int) -> dict:
 
 
 def plan(specs: list[dict], speed: dict, budget_s: float, steps: int, eval_every: int,
-         block: int, unit: int = len(LEVELS) * len(OBJECTIVES)) -> dict:
-    """The longest prefix of ``specs`` in whole ``unit`` s (one seed and lr: every level and
-    objective) that fits ``MARGIN * budget_s``; if not even the first ``block`` jobs fit at
-    ``steps``, the longest run length (two significant digits) at which they do, with evaluations
+         block: int) -> dict:
+    """The longest prefix of ``specs`` in whole blocks of ``block`` jobs (one seed: every lr,
+    level and objective) that fits ``MARGIN * budget_s``; if not even the first block fits at
+    ``steps``, the longest run length (two significant digits) at which it does, with evaluations
     at most every ``eval_every`` steps and at the end."""
     def cost_s(spec, n_steps):
-        obj = "auc_lp" if "objective=auc_lp" in spec["overrides"] else "ce"
+        obj = objective_of(spec)
         return (n_steps * speed[f"step_ms_per_run_{obj}"]
                 + math.ceil(n_steps / eval_every) * speed["eval_ms"]) / 1000
     avail = MARGIN * budget_s
@@ -109,8 +111,8 @@ def plan(specs: list[dict], speed: dict, budget_s: float, steps: int, eval_every
         digits = 10 ** max(0, len(str(lo)) - 2)
         steps, reason = max(1, lo // digits * digits), f"the first {len(first)} runs do not fit at {steps} steps"
     kept, total = [], 0.0
-    for start in range(0, len(specs), unit):
-        group = specs[start:start + unit]
+    for start in range(0, len(specs), block):
+        group = specs[start:start + block]
         c = sum(cost_s(spec, steps) for spec in group)
         if total + c > avail:
             break
@@ -197,7 +199,7 @@ def run(args) -> int:
             continue
         cfg = compose_job(spec["overrides"] + extra + steps_override)
         run_dirs[spec["name"]] = work / spec["name"]
-        jobs.append(Job(cfg, run_dirs[spec["name"]], {"objective": cfg_choice(spec), "dataset": args.dataset},
+        jobs.append(Job(cfg, run_dirs[spec["name"]], {"objective": objective_of(spec), "dataset": args.dataset},
                         spec["name"]))
     # the deadline leaves time for every run's last evaluation and the export
     reserve_s = 1.5 * len(jobs) * speed["eval_ms"] / 1000 + 10
@@ -207,10 +209,10 @@ def run(args) -> int:
     tables(work, out)
     print(f"done: {len(jobs) - len(failed)} runs written, {len(failed)} not run"
           f"{': ' + ', '.join(failed) if failed else ''}; {time.monotonic() - start:.0f} s", flush=True)
-    return 0
+    return 1 if jobs and len(failed) == len(jobs) else 0
 
 
-def cfg_choice(spec: dict) -> str:
+def objective_of(spec: dict) -> str:
     return next(o.split("=", 1)[1] for o in spec["overrides"] if o.startswith("objective="))
 
 

@@ -24,13 +24,17 @@ if ! $PY -c "import hydra, omegaconf" 2>/dev/null; then
     || { echo "no hydra here and no wheels in .whl/ (see the header of $0)"; exit 3; }
   export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
 fi
-{ date -u; nvidia-smi -L 2>/dev/null || echo "no nvidia-smi"; $PY -c "import sys, torch, hydra; \
+{ date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null \
+    || echo "no nvidia-smi"; $PY -c "import sys, torch, hydra; \
 print('python', sys.version.split()[0], 'torch', torch.__version__, 'hydra', hydra.__version__, \
 'cuda', torch.cuda.is_available() and torch.cuda.get_device_name())"; \
-(cd "$ROOT" && git log -1 --format='code %h %s' 2>/dev/null || echo "code: not a git checkout"); } > "$OUT/machine.txt" 2>&1
-# shellcheck disable=SC2086  # SEEDS, LRS and EXTRA are word lists
+(cd "$ROOT" && echo "code $(git describe --always --dirty 2>/dev/null || echo 'not a git checkout')"); } \
+    > "$OUT/machine.txt" 2>&1
+set -f   # word lists below, never globs (an override like x=[1,2] stays as typed)
+read -r -a seeds <<< "${SEEDS:-0 1 2}"; read -r -a lrs <<< "${LRS:-0.1 0.01 0.001}"
+read -r -a extra <<< "${EXTRA:-}"
 timeout --signal=TERM $((${BUDGET%.*} + 40)) $PY "$ROOT/scripts/gpu_tables.py" run --dataset "$DATASET" \
     --out "$OUT" --budget-s "$BUDGET" --steps "${STEPS:-40000}" --eval-every "${EVAL_EVERY:-10000}" \
-    --seeds ${SEEDS:-0 1 2} --lrs ${LRS:-0.1 0.01 0.001} --device "${DEVICE:-auto}" \
-    ${EXTRA:+--set $EXTRA} 2>&1 | tee "$OUT/gpu_tables.log"
+    --seeds "${seeds[@]}" --lrs "${lrs[@]}" --device "${DEVICE:-auto}" \
+    ${extra[0]:+--set "${extra[@]}"} 2>&1 | tee "$OUT/gpu_tables.log"
 exit "${PIPESTATUS[0]}"

@@ -108,3 +108,16 @@ def test_cropflip_slices_like_a_batch():
     aug = CropFlip(torch.arange(4), torch.arange(4) + 1, torch.tensor([True, False, True, False]))
     part = aug[1:3]
     assert part.dy.tolist() == [1, 2] and part.flip.tolist() == [False, True] and aug[0] is aug.dy
+
+
+def test_resuming_a_run_started_with_the_old_stream_warns(compose_cfg, tmp_path):
+    import train
+    cfg = compose_cfg(["dataset=digits", "trainer.max_steps=2", "trainer.eval_every=1"])
+    train.train(cfg, tmp_path)
+    ckpt = torch.load(tmp_path / "last.pt", weights_only=False)
+    assert ckpt["launches"][0]["batch_stream"] == train.STREAM_VERSION
+    del ckpt["launches"][0]["batch_stream"]   # as a checkpoint made before data/stream.py
+    torch.save(ckpt, tmp_path / "last.pt")
+    more = compose_cfg(["dataset=digits", "trainer.max_steps=3", "trainer.eval_every=1", "resume=true"])
+    with pytest.warns(train.StreamChangeWarning, match="started with batch stream per-image-global-rng-v1"):
+        train.train(more, tmp_path)

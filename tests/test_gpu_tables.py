@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 import gpu_tables  # noqa: E402
 
-SPEED = {"step_ms_per_run_ce": 1.0, "step_ms_per_run_auc_lp": 2.0, "eval_ms": 100.0}
+SPEED = {"step_ms_per_run_ce": 1.0, "step_ms_per_run_auc_lp": 2.0, "step_ms_per_run_ppd_sg": 1.0,
+         "step_ms_per_run_ppd_adagrad": 1.0, "eval_ms": 100.0}
 
 
 def test_jobs_are_the_block_seed_major():
@@ -41,10 +42,15 @@ def test_plan_keeps_the_prefix_that_fits_and_shortens_when_the_first_block_does_
     # 80 s available: n = 3440 costs 68.8 + 11.2 = 80.0 s; two significant digits -> 3400
     longer = gpu_tables.plan(specs, SPEED, budget_s=100.0, steps=10000, eval_every=500, block=16)
     assert (longer["steps"], longer["eval_every"], len(longer["kept"])) == (3400, 500, 16)
-    # whole blocks only: 1.5 blocks' budget keeps one block
-    one = gpu_tables.plan(specs, SPEED, budget_s=1.5 * 23.2 / gpu_tables.MARGIN, steps=1000,
-                          eval_every=500, block=16)
-    assert len(one["kept"]) == 16
+    # whole seeds only: with two lrs a seed is 32 jobs; 1.5 seeds' budget keeps one seed, both lrs
+    two_lrs = gpu_tables.job_specs("cifar10", seeds=[0, 1], lrs=[0.1, 0.01])
+    one = gpu_tables.plan(two_lrs, SPEED, budget_s=1.5 * 46.4 / gpu_tables.MARGIN, steps=1000,
+                          eval_every=500, block=32)
+    assert one["kept"] == [s["name"] for s in two_lrs[:32]]
+    # each job is priced at its own objective's rate
+    slow_ppd = {**SPEED, "step_ms_per_run_ppd_adagrad": 3.0}
+    assert gpu_tables.plan(specs, slow_ppd, budget_s=1e6, steps=1000, eval_every=500,
+                           block=16)["projected_s"] == pytest.approx(3 * (23.2 + 4 * 2.0))
 
 
 def test_end_to_end_on_the_cpu_with_a_few_steps(tmp_path):

@@ -140,18 +140,34 @@ def test_cifar10_packed_first_step_equals_train_py(compose_cfg, data_root, tmp_p
             assert math.isclose(packed["final"]["train_loss"], alone["final"]["train_loss"], rel_tol=1e-4)
 
 
-def test_deadline_stops_a_pack_and_records_it(compose_cfg, tmp_path):
-    """A pack past its deadline stops at a step boundary with a last evaluation there; a pack
-    not started by the deadline is not run, and says so."""
-    import time
-    short = ["dataset=digits", "trainer.max_steps=1000000", "trainer.eval_every=500000"]
+def test_deadline_stops_a_pack_and_records_it(compose_cfg, tmp_path, monkeypatch):
+    """A pack past its deadline stops at a step boundary with a last evaluation there (one, not
+    two, when the boundary is an evaluation step); a pack not started by the deadline is not run.
+    A fake clock (one tick per reading) makes the stopping step deterministic."""
+    import packed.launch as launch
+
+    class Clock:
+        t = 0.0
+
+        def monotonic(self):
+            self.t += 1.0
+            return self.t
+        perf_counter = staticmethod(launch.time.perf_counter)
+    clock = Clock()
+    monkeypatch.setattr(launch, "time", clock)
+    short = ["dataset=digits", "trainer.max_steps=1000", "trainer.eval_every=4"]
     jobs = [Job(compose_cfg([*short, f"seed={s}"]), tmp_path / f"s{s}", name=f"s{s}") for s in (0, 1)]
-    out = train_packed(jobs, deadline=time.monotonic() + 10.0)   # preparing both takes ~3 s
+    # readings: 1 before the pack, then one per step from step 1 on (step 0 always runs)
+    out = train_packed(jobs, deadline=9.0)
     for res, job in zip(out, jobs):
-        step = res["stopped"]["step"]
-        assert res["stopped"]["reason"] == "deadline" and 0 < step < 1000000
-        assert res["final"]["step"] == step == int(pd.read_csv(job.run_dir / "metrics.csv")["step"].iloc[-1])
-    late = train_packed([Job(compose_cfg(short), tmp_path / "late", name="late")], deadline=time.monotonic())
+        assert res["stopped"] == {"step": 8, "reason": "deadline"}
+        steps = pd.read_csv(job.run_dir / "metrics.csv")["step"].tolist()
+        assert steps == [4, 8] and res["final"]["step"] == 8   # step 8: evaluated once
+    clock.t = 0.0
+    out = train_packed(jobs[:1], deadline=7.5)
+    assert out[0]["stopped"]["step"] == 7
+    assert pd.read_csv(jobs[0].run_dir / "metrics.csv")["step"].tolist() == [4, 7]
+    late = train_packed([Job(compose_cfg(short), tmp_path / "late", name="late")], deadline=0.0)
     assert "not started" in str(late[0]) and not (tmp_path / "late" / "results.json").exists()
 
 
@@ -165,7 +181,7 @@ def test_out_of_memory_halves_the_pack_and_each_run_restarts_from_its_initial_st
 
     def step(self, x, y, i):
         out = real(self, x, y, i)   # updates the pack's weights first, as a late OOM would
-        if self.packed.n > 2:
+        if self.packed.n > 2 and i == 1:   # after one full step: its loss was recorded
             raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
         return out
     monkeypatch.setattr(PackedStep, "step", step)
@@ -179,8 +195,10 @@ def test_out_of_memory_halves_the_pack_and_each_run_restarts_from_its_initial_st
     assert sorted(r["packed"]["size"] for r in out) == [1, 2, 2, 2, 2]
     for job, res in zip(jobs, out):
         alone = train.train(job.cfg, tmp_path / "alone" / job.name)
-        assert res["final"]["train_loss"] == alone["final"]["train_loss"]
-        assert res["final"]["test_auc"] == alone["final"]["test_auc"]
+        packed_rows = pd.read_csv(job.run_dir / "metrics.csv")
+        alone_rows = pd.read_csv(tmp_path / "alone" / job.name / "metrics.csv")
+        assert packed_rows["step"].tolist() == [2, 4]
+        assert packed_rows.drop(columns=[]).equals(alone_rows)   # every row, train_loss included
 
 
 def test_a_run_that_does_not_fit_alone_is_recorded(compose_cfg, tmp_path, monkeypatch):
