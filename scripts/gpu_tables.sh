@@ -28,7 +28,8 @@ fi
     || echo "no nvidia-smi"; $PY -c "import sys, torch, hydra; \
 print('python', sys.version.split()[0], 'torch', torch.__version__, 'hydra', hydra.__version__, \
 'cuda', torch.cuda.is_available() and torch.cuda.get_device_name())"; \
-(cd "$ROOT" && echo "code $(git describe --always --dirty 2>/dev/null || echo 'not a git checkout')"); } \
+(cd "$ROOT" && echo "code $(git rev-parse --short HEAD 2>/dev/null || echo 'not a git checkout')$(git diff \
+    --quiet HEAD -- . ':!results' 2>/dev/null || echo ' + uncommitted changes outside results/')"); } \
     > "$OUT/machine.txt" 2>&1
 set -f   # word lists below, never globs (an override like x=[1,2] stays as typed)
 read -r -a seeds <<< "${SEEDS:-0 1 2}"; read -r -a lrs <<< "${LRS:-0.1 0.01 0.001}"
