@@ -23,6 +23,17 @@ LABELS = {"ours": "ours (Newton, structured A)", "ours_csr": "ours, A as torch.s
           "closed_form": "closed form max(0, eps-d)"}
 
 
+def write_outputs(out, stem: str, data, markdown: str, draw) -> None:
+    """``<out>/<stem>.json`` (raw numbers), ``.md`` (the table), ``.png`` (``draw(path)``), and
+    the table printed: the outputs every solver figure script writes."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.json").write_text(json.dumps(data, indent=1))
+    (out / f"{stem}.md").write_text(markdown + "\n")
+    draw(out / f"{stem}.png")
+    print(markdown)
+
+
 def fmt_ms(res):
     if "skipped" in res:
         s = res["skipped"]

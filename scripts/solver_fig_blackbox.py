@@ -39,6 +39,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_solver_report import write_outputs  # noqa: E402
 from baselines.blackbox import BlackboxLP  # noqa: E402
 from solver import DiagonalOperator, solve_lp  # noqa: E402
 
@@ -161,12 +163,7 @@ def main():
     else:
         rows = run([int(b) for b in args.batches.split(",")], args.cap,
                    log=lambda s: print(s, file=sys.stderr, flush=True))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "fig3b_blackbox.json").write_text(json.dumps(rows, indent=1))
-    (out / "fig3b_blackbox.md").write_text(table(rows) + "\n")
-    plot(rows, out / "fig3b_blackbox.png")
-    print(table(rows))
+    write_outputs(args.out, "fig3b_blackbox", rows, table(rows), lambda path: plot(rows, path))
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_solver_measure import ROOT, _mallopt, dense_paper_auc, peak_memory_mb  # noqa: E402
+from bench_solver_report import write_outputs  # noqa: E402
 
 from objectives.auc import AUCLoss  # noqa: E402
 
@@ -166,12 +167,7 @@ def main():
             rows = [r for r in rows if (r["kind"], r["batch"]) != (kind, b)]
             rows.append(run_cell(kind, b, args.timeout))
             print(rows[-1], file=sys.stderr, flush=True)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "memory_resnet18.json").write_text(json.dumps(rows, indent=1))
-    (out / "memory_resnet18.md").write_text(table(rows) + "\n")
-    plot(rows, out / "memory_resnet18.png")
-    print(table(rows))
+    write_outputs(args.out, "memory_resnet18", rows, table(rows), lambda path: plot(rows, path))
 
 
 if __name__ == "__main__":

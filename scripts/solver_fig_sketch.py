@@ -37,6 +37,8 @@ import torch
 from scipy.optimize import linprog
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_solver_report import write_outputs  # noqa: E402
 from solver import solve_lp  # noqa: E402
 from solver.errors import LPNotConvergedWarning, LPSolverError  # noqa: E402
 
@@ -168,12 +170,8 @@ def main():
         rows = run([int(k) for k in args.sizes.split(",")], kinds, budgets, args.seeds, args.n,
                    args.m, log=lambda s: print(s, file=sys.stderr, flush=True))
     S = summary(rows)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "fig3c_sketch.json").write_text(json.dumps(rows, indent=1))
-    (out / "fig3c_sketch.md").write_text(table(S, args.m) + "\n")
-    plot(S, out / "fig3c_sketch.png", budgets, kinds)
-    print(table(S, args.m))
+    write_outputs(args.out, "fig3c_sketch", rows, table(S, args.m),
+                  lambda path: plot(S, path, budgets, kinds))
 
 
 if __name__ == "__main__":
