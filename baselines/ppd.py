@@ -97,7 +97,7 @@ class SquareAUCMinMax(Objective):
         labels = check_labels(logits, labels)
         h = binary_scores(logits, "softmax")
         loss = square_auc_minmax(h, labels, self.a, self.b, self.alpha, self.p)
-        self.record(ppd_a=self.a.item(), ppd_b=self.b.item(), ppd_alpha=self.alpha.item())
+        self.record(ppd_a=self.a, ppd_b=self.b, ppd_alpha=self.alpha)   # on the device: no sync
         return loss
 
     def extra_param_groups(self) -> list[dict]:

@@ -50,14 +50,21 @@ class Objective(nn.Module):
                     batch: tuple[torch.Tensor, torch.Tensor]) -> None:
         return None
 
-    def record(self, **values: float) -> None:
-        """Accumulate scalar diagnostics; :meth:`pop_stats` returns their means."""
+    def record(self, **values: float | torch.Tensor) -> None:
+        """Accumulate scalar diagnostics; :meth:`pop_stats` returns their means.
+
+        A value may be a one-element tensor: it is summed on its device in float64 (the
+        arithmetic of summing its ``float()``) and read once, by :meth:`pop_stats`, so recording
+        makes no host sync per step."""
         for key, value in values.items():
-            self._stat_sums[key] += float(value)
+            if isinstance(value, torch.Tensor):
+                self._stat_sums[key] = self._stat_sums[key] + value.detach().reshape(()).double()
+            else:
+                self._stat_sums[key] += float(value)
             self._stat_counts[key] += 1
 
     def pop_stats(self) -> dict[str, float]:
-        out = {k: self._stat_sums[k] / self._stat_counts[k] for k in self._stat_sums}
+        out = {k: float(self._stat_sums[k]) / self._stat_counts[k] for k in self._stat_sums}
         self._stat_sums.clear()
         self._stat_counts.clear()
         return out

@@ -6,13 +6,29 @@ every objective logs the same solver diagnostics under the same names.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
 
 BINARY_TRANSFORMS = ("softmax", "sigmoid", "margin")
+_LABELS_CHECKED = contextvars.ContextVar("labels_checked", default=False)
+
+
+@contextlib.contextmanager
+def labels_checked() -> Iterator[None]:
+    """Inside, :func:`check_labels` skips its value-range check (``aminmax``: a host sync per
+    call): for a caller that has checked every label it will pass, e.g. the packed launcher's
+    sync-free step, which checks each run's train split once. Shape and dtype are still checked."""
+    token = _LABELS_CHECKED.set(True)
+    try:
+        yield
+    finally:
+        _LABELS_CHECKED.reset(token)
+
 CLASS_TRANSFORMS = ("softmax", "logits")
 
 
@@ -69,7 +85,7 @@ def check_labels(logits: torch.Tensor, labels: torch.Tensor,
     labels = labels.long()
     if num_classes is None:
         num_classes = logits.shape[1] if logits.dim() == 2 and logits.shape[1] > 2 else 2
-    if labels.numel():
+    if labels.numel() and not _LABELS_CHECKED.get():
         lo, hi = torch.aminmax(labels)
         lo, hi = int(lo), int(hi)
         if lo < 0 or hi >= num_classes:

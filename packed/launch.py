@@ -37,6 +37,13 @@ again if needed); each run restarts from a fresh model with its initial weights 
 state (kept on the CPU), with the aborted steps' losses and diagnostics dropped, so the result is
 the run it would have been. A single run that does not fit is recorded as not run.
 
+Host syncs. ``sync_free`` (default: on where the runs are on CUDA) steps the packs with
+:class:`packed.PackedStep`'s sync-free mode: losses and divergence flags stay on the device and
+are read at the steps where some run evaluates (one sync there, not one per run and step); each
+run's train labels are range-checked once when its pack starts, not per batch
+(:func:`objectives.common.labels_checked`). The numbers are the eager mode's (tested equal);
+only a diverged run's weights after its divergence step differ (see :mod:`packed.step`).
+
 Limits: ``resume=true`` is refused (resume a packed run's folder with ``train.py resume=true``:
 its ``last.pt`` holds the run's own RNG state); all runs of a pack stop at the same
 ``trainer.max_steps``; each run holds its own copy of its splits on the device (runs of one
@@ -44,6 +51,7 @@ dataset do not share the source images yet).
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import gc
 import logging
@@ -63,6 +71,7 @@ from builders import build_model, resolve_device
 from data.stream import BatchStream
 from runfolder import _flatten
 from guards import DegenerateBatchesError
+from objectives.common import labels_checked
 from packed.model import pack
 from packed.step import Divergence, PackedStep
 
@@ -134,11 +143,13 @@ def _describe(keys: list[dict[str, Any]], packs: list[list[int]], differing: lis
     return "\n".join(lines)
 
 
-def train_packed(jobs: list[Job], max_pack: int | None = None, deadline: float | None = None) -> list[Any]:
+def train_packed(jobs: list[Job], max_pack: int | None = None, deadline: float | None = None,
+                 sync_free: bool | None = None) -> list[Any]:
     """Train ``jobs`` as packs; returns per job its ``results.json`` dict or the exception that
     stopped its preparation (bad config, missing data, an optimizer that cannot be built), in
     the jobs' order; the other jobs run (as under Hydra's basic launcher, the multirun then
-    exits with the first failed job's error). ``deadline``: see the module docstring."""
+    exits with the first failed job's error). ``deadline``, ``sync_free`` (``None``: on for
+    packs on CUDA): see the module docstring."""
     outcomes: list[Any] = [None] * len(jobs)
     members: dict[int, _Member] = {}
     for i, job in enumerate(jobs):
@@ -178,7 +189,7 @@ def train_packed(jobs: list[Job], max_pack: int | None = None, deadline: float |
         pack_members = [members[order[j]] for j in p]
         oom = None
         try:
-            for i, results in zip(p, _train_pack(pack_members, deadline)):
+            for i, results in zip(p, _train_pack(pack_members, deadline, sync_free)):
                 outcomes[order[i]] = results
         except torch.OutOfMemoryError as err:
             if any(m.run.rows for m in pack_members):   # evaluated already: not restartable
@@ -234,6 +245,43 @@ def _draw(members: list[_Member], device: torch.device) -> tuple[torch.Tensor, t
     return torch.stack(xs).to(device), torch.stack(ys).to(device)
 
 
+def _check_train_labels(m: _Member) -> None:
+    """The range check :func:`objectives.common.check_labels` makes per batch, once for the
+    whole train split (the sync-free step skips the per-batch one)."""
+    labels = m.run.bundle.train.labels
+    k = max(2, m.run.bundle.num_classes)
+    if len(labels) and (labels.min() < 0 or labels.max() >= k):
+        raise ValueError(f"{m.job.name}: train labels lie in {labels.min()}..{labels.max()}, not in "
+                         f"0..{k - 1}: relabel the data (binary tasks: 0 = negative, 1 = positive)")
+
+
+class _LossLog:
+    """Sync-free mode: each step's device losses ``[N]``, moved to the runs' lists in one read."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[int, torch.Tensor]] = []
+
+    def add(self, step: int, losses: torch.Tensor) -> None:
+        self.rows.append((step, losses))
+
+    def flush(self, members: list[_Member], stepper: PackedStep) -> None:
+        """Poll the divergence flags, then give every run its losses of the steps before its
+        divergence (the eager mode's lists, value for value)."""
+        for i in stepper.poll():
+            div = stepper.divergences[i]
+            log.warning(f"{members[i].job.name}: diverged at step {div.step}: {div.reason}; "
+                        "frozen, the other runs go on")
+        if not self.rows:
+            return
+        values = torch.stack([v for _, v in self.rows]).tolist()
+        for (step, _), row in zip(self.rows, values):
+            for i, m in enumerate(members):
+                div = stepper.divergences.get(i)
+                if div is None or step + 1 < div.step:
+                    m.losses.append(row[i])
+        self.rows = []
+
+
 def _evaluate(m: _Member, i: int, step: int, stepper: PackedStep, times: dict) -> None:
     """``train.py``'s evaluation of run ``i``; an all-empty interval freezes it (recorded)."""
     torch.set_rng_state(m.rng)   # the run's own state, as train.py's checkpoint holds it
@@ -247,9 +295,14 @@ def _evaluate(m: _Member, i: int, step: int, stepper: PackedStep, times: dict) -
     m.losses = []
 
 
-def _train_pack(members: list[_Member], deadline: float | None = None) -> list[dict[str, Any]]:
+def _train_pack(members: list[_Member], deadline: float | None = None,
+                sync_free: bool | None = None) -> list[dict[str, Any]]:
     runs = [m.run for m in members]
     n, max_steps, device = len(runs), runs[0].cfg.trainer.max_steps, runs[0].device
+    sync_free = device.type == "cuda" if sync_free is None else bool(sync_free)
+    if sync_free:
+        for m in members:
+            _check_train_labels(m)
     for m in members:
         _fresh(m)
     packed = pack([r.model for r in runs])
@@ -259,16 +312,24 @@ def _train_pack(members: list[_Member], deadline: float | None = None) -> list[d
                                                                      config=m.run.resolved)
         m.stream = BatchStream(m.run.bundle.train, m.run.cfg.trainer.batch_size, m.run.cfg.seed)
     stepper = PackedStep(packed, [r.objective for r in runs], [r.optimizer for r in runs],
-                         [r.scheduler for r in runs], [r.cfg.trainer.max_grad_norm for r in runs])
+                         [r.scheduler for r in runs], [r.cfg.trainer.max_grad_norm for r in runs],
+                         sync_free=sync_free)
     times: dict[str, list[float]] = {"data": [], "step": []}
     stopped = None
+    loss_log = _LossLog()
     packed.train()
+    wall0, eval_s = time.perf_counter(), 0.0
+    checked = labels_checked() if sync_free else contextlib.nullcontext()
     try:
+        checked.__enter__()
         for step in tqdm(range(max_steps), desc=f"pack of {n}", dynamic_ncols=True, mininterval=2.0):
             if deadline is not None and step > 0 and time.monotonic() >= deadline:
+                loss_log.flush(members, stepper)
+                t2 = time.perf_counter()
                 for i, m in enumerate(members):   # a last evaluation where there was none
                     if i not in stepper.divergences and (not m.run.rows or m.run.rows[-1]["step"] != step):
                         _evaluate(m, i, step, stepper, times)
+                eval_s += time.perf_counter() - t2
                 stopped = {"step": step, "reason": "deadline"}
                 log.warning(f"pack of {n}: deadline reached, stopped at step {step} of {max_steps}")
                 break
@@ -276,33 +337,50 @@ def _train_pack(members: list[_Member], deadline: float | None = None) -> list[d
             x, y = _draw(members, device)
             t1 = time.perf_counter()
             was_frozen = set(stepper.divergences)
-            values = stepper.step(x, y, step).losses.tolist()
+            losses = stepper.step(x, y, step).losses
             times["data"].append(1000 * (t1 - t0))
             times["step"].append(1000 * (time.perf_counter() - t1))
-            for i, m in enumerate(members):
-                if i in stepper.divergences:
-                    if i not in was_frozen:
-                        div = stepper.divergences[i]
-                        log.warning(f"{m.job.name}: diverged at step {div.step}: {div.reason}; "
-                                    "frozen, the other runs go on")
-                    continue
-                m.losses.append(values[i])
-                if (step + 1) % m.run.cfg.trainer.eval_every == 0 or step + 1 == max_steps:
-                    _evaluate(m, i, step + 1, stepper, times)
-        # per run: the pack's medians shared out; pack_*: the whole pack's step
+            due = [i for i, m in enumerate(members)
+                   if (step + 1) % m.run.cfg.trainer.eval_every == 0 or step + 1 == max_steps]
+            if sync_free:
+                loss_log.add(step, losses)
+                if due:
+                    loss_log.flush(members, stepper)
+            else:
+                values = losses.tolist()
+                for i, m in enumerate(members):
+                    if i in stepper.divergences:
+                        if i not in was_frozen:
+                            div = stepper.divergences[i]
+                            log.warning(f"{m.job.name}: diverged at step {div.step}: {div.reason}; "
+                                        "frozen, the other runs go on")
+                        continue
+                    m.losses.append(values[i])
+            t2 = time.perf_counter()
+            for i in due:
+                if i not in stepper.divergences:
+                    _evaluate(members[i], i, step + 1, stepper, times)
+            eval_s += time.perf_counter() - t2
+        loss_log.flush(members, stepper)
+        # per run: the pack's medians shared out; pack_*: the whole pack's step. Sync-free on
+        # CUDA the per-step times are host (enqueue) times; pack_wall_ms_per_step is the wall
+        # time of the steps taken, evaluations excluded, which includes the device's lag.
         per_run = {k: statistics.median(v) / n for k, v in times.items()}
+        taken = len(times["step"])
         timing = {**per_run, "step": sum(per_run.values()),
-                  **{f"pack_{k}": statistics.median(v) for k, v in times.items()}}
+                  **{f"pack_{k}": statistics.median(v) for k, v in times.items()},
+                  "pack_wall_ms_per_step": 1000 * (time.perf_counter() - wall0 - eval_s) / max(1, taken)}
         out = []
         for i, m in enumerate(members):
             div = stepper.divergences.get(i)
-            out.append(m.run.results(timing, m.job.choices, packed={"size": n, "index": i},
+            out.append(m.run.results(timing, m.job.choices, packed={"size": n, "index": i, "sync_free": sync_free},
                                      diverged={"step": div.step, "reason": div.reason} if div else None,
                                      stopped=stopped))
             if m.run.rows:
                 m.run.logger.summary({f"final/{k}": v for k, v in m.run.rows[-1].items()})
         return out
     finally:
+        checked.__exit__(None, None, None)
         for run in runs:
             if run.logger is not None:
                 run.logger.finish()

@@ -25,6 +25,7 @@ import torch
 from models.mlp import MLP
 from models.resnet import resnet18
 from objectives.ce import CrossEntropy
+from objectives.common import labels_checked
 from packed import PackedStep, pack, param_groups
 
 SGD = dict(lr=0.1, momentum=0.9, weight_decay=5e-4)   # optimizer=sgd's defaults
@@ -75,10 +76,12 @@ class Runs:
 def build_runs(make, shape, batch: int, n: int, device: torch.device = torch.device("cpu"),
                make_objective: Callable[[], torch.nn.Module] = CrossEntropy,
                autocast: torch.dtype | None = None, num_classes: int = 2,
-               make_optimizer: Callable[[list], torch.optim.Optimizer] | None = None) -> Runs:
+               make_optimizer: Callable[[list], torch.optim.Optimizer] | None = None,
+               sync_free: bool = False) -> Runs:
     """Build ``n`` runs of ``make()`` (``make_objective()`` and ``make_optimizer(param_groups)``
     each; default SGD with ``optimizer=sgd``'s values) on ``[batch, *shape]`` inputs;
-    ``autocast`` (e.g. ``torch.bfloat16``) wraps both steps in ``torch.autocast``."""
+    ``autocast`` (e.g. ``torch.bfloat16``) wraps both steps in ``torch.autocast``;
+    ``sync_free``: the packed step's sync-free mode (:class:`PackedStep`), labels checked once."""
     make_optimizer = make_optimizer or (lambda groups: torch.optim.SGD(groups, **SGD))
     torch.manual_seed(0)
     models = [make().to(device) for _ in range(n)]
@@ -89,7 +92,7 @@ def build_runs(make, shape, batch: int, n: int, device: torch.device = torch.dev
     packed = pack(models)
     stepper = PackedStep(packed, shared,
                          [make_optimizer(param_groups(m, o)) for m, o in zip(packed.models, shared)],
-                         [None] * n)
+                         [None] * n, sync_free=sync_free)
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(n, batch, *shape, generator=gen).to(device)
     y = torch.randint(0, num_classes, (n, batch), generator=gen).to(device)
@@ -107,7 +110,7 @@ def build_runs(make, shape, batch: int, n: int, device: torch.device = torch.dev
                 opts[i].step()
 
     def packed_step():
-        with amp():
+        with amp(), (labels_checked() if stepper.sync_free else contextlib.nullcontext()):
             return stepper.step(x, y, 0)
 
     return Runs(separate, packed_step, stepper, x, y)
@@ -183,7 +186,7 @@ def compare(make, shape, batch: int, n: int = 4, reps: int = 5,
     return ms["separate"], ms["packed"]
 
 
-def profile_steps(runs: Runs, device: torch.device, label: str, rows: int = 8) -> None:
+def profile_steps(runs: Runs, device: torch.device, label: str, rows: int = 12) -> None:
     """Print the ops that take the time in one packed and one separate step (after a warm-up)."""
     from torch.profiler import ProfilerActivity, profile
     runs.packed(), runs.separate()
@@ -202,6 +205,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--n", type=int, nargs="+", default=[4], help="pack sizes")
     ap.add_argument("--models", nargs="+", default=["mlp", "resnet18"], choices=["mlp", "resnet18"])
     ap.add_argument("--reps", type=int, default=None, help="timed steps (default 50 MLP, 5 ResNet)")
+    ap.add_argument("--sync-free", action="store_true", help="the packed step in its sync-free mode")
     ap.add_argument("--profile", action="store_true",
                     help="instead of timing: torch.profiler's top ops of one packed and one separate step")
     args = ap.parse_args(argv)
@@ -215,7 +219,8 @@ def main(argv: list[str] | None = None) -> None:
         label, make, shape, batch, reps = cases[name]
         for n in args.n:
             if args.profile:
-                profile_steps(build_runs(make, shape, batch, n, device), device, f"{label}, N={n}")
+                profile_steps(build_runs(make, shape, batch, n, device, sync_free=args.sync_free), device,
+                              f"{label}, N={n}" + (", sync-free" if args.sync_free else ""))
                 continue
             sep, pk = compare(make, shape, batch, n=n, reps=args.reps or reps, device=device)
             print(f"{label} on {device}: N={n} separate {sep:.1f} ms, packed {pk:.1f} ms, "

@@ -22,8 +22,20 @@ and its BatchNorm statistics are put back to their values before the step, so it
 stays that of its last finite step. The other runs are unaffected bit for bit (nothing in the
 packed computation mixes models).
 
-Host syncs: the finiteness checks read one flag per run every step (as ``train.py`` does); the
-device-resident, graph-capturable step of issue 9 item 4 is not this module.
+Host syncs. ``sync_free=False`` (the default; exact ``train.py`` semantics above) reads one
+finiteness flag per run every step, as ``train.py`` does. ``sync_free=True`` reads nothing: the
+finiteness of each run's logits and loss is a device flag ``[N]``; a run's objective is fed its
+logits with non-finite values replaced by 0 (so no objective or solver check raises on a dead
+run), a non-finite run's loss is masked out of the backward, and the first failing step and its
+reason (logits or loss) are kept on the device (:attr:`PackedStep.pending`). :meth:`PackedStep.poll`
+reads them (one sync; the launcher calls it before every evaluation) and from then on the run is
+frozen as above. Between its divergence and the poll a dead run keeps being stepped on garbage,
+so its *weights* after the divergence step are not kept (its metrics rows and checkpoints are
+those of its last evaluation, which the poll precedes); its recorded step and reason are exact,
+and the other runs are untouched bit for bit either way (nothing mixes models). Losses stay on the
+device (:attr:`StepOutput.losses`). With objectives that make no host sync themselves (``ce``;
+the LP objectives with ``solver.capture_safe``) and labels checked once beforehand
+(:func:`objectives.common.labels_checked`), such a step can be captured in a CUDA graph.
 """
 from __future__ import annotations
 
@@ -33,6 +45,10 @@ from dataclasses import dataclass, field
 import torch
 
 from packed.model import PackedModels
+
+
+#: sync-free mode's loss codes, in the words of ``train.py``'s ``f"loss is {loss.item()}"``
+LOSS_CODES = {1: "nan", 2: "inf", 3: "-inf"}
 
 
 @dataclass
@@ -70,7 +86,14 @@ class PackedStep:
     optimizers: list
     schedulers: list
     max_grad_norm: list | None = None
+    sync_free: bool = False
     divergences: dict[int, Divergence] = field(default_factory=dict)
+    #: sync-free mode: per run, the 1-based step of the first non-finite scores / loss (0: none
+    #: yet), which (0 = scores, else a :data:`LOSS_CODES` key) and how many scores were
+    #: non-finite, on the device until :meth:`poll` reads them
+    pending: torch.Tensor | None = None
+    pending_numel: int = field(default=0, repr=False)
+    _frozen_mask: tuple | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         n = self.packed.n
@@ -89,12 +112,29 @@ class PackedStep:
     def _diverge(self, i: int, step: int, reason: str) -> None:
         self.divergences[i] = Divergence(step=step + 1, reason=reason)  # 1-based, as train.py
 
+    def poll(self) -> list[int]:
+        """Sync-free mode: read the device flags (one host sync), record each newly diverged run
+        in :attr:`divergences` (then frozen) and return their indices; eager mode: ``[]``."""
+        if not self.sync_free or self.pending is None:
+            return []
+        new = []
+        for i, (at, why, count) in enumerate(self.pending.tolist()):
+            if at and i not in self.divergences:
+                numel = self.pending_numel
+                reason = (f"scores are non-finite ({count} of {numel} NaN/inf)" if why == 0 else
+                          f"loss is {LOSS_CODES[why]}")   # the eager mode's words
+                self.divergences[i] = Divergence(step=int(at), reason=reason)
+                new.append(i)
+        return new
+
     def step(self, x: torch.Tensor, y: torch.Tensor, step: int) -> StepOutput:
         """Train every live run one step on its batch ``(x[i], y[i])``; returns the losses
         ``[N]`` (NaN for frozen runs) and the logits ``[N, B, K]``, both detached."""
         packed, n = self.packed, self.packed.n
         if y.shape[:1] != (n,):
             raise ValueError(f"labels must be [N={n}, B]; got {tuple(y.shape)}")
+        if self.sync_free:
+            return self._step_sync_free(x, y, step)
         saved = {k: b.clone() for k, b in packed.buffers.items()}   # to freeze diverging runs
         logits = packed(x)
         live: list[int] = []
@@ -136,6 +176,59 @@ class PackedStep:
             self.objectives[i].on_step_end(step=step, model=model, optimizer=self.optimizers[i],
                                            batch=(x[i], y[i]))
         return StepOutput(torch.stack([loss.detach() for loss in losses]), logits.detach())
+
+    def _step_sync_free(self, x: torch.Tensor, y: torch.Tensor, step: int) -> StepOutput:
+        """:meth:`step` without a host sync (see the module docstring). Frozen runs are known on
+        the host (from :meth:`poll`) and masked on the device by a mask built at the poll."""
+        packed, n = self.packed, self.packed.n
+        frozen = set(self.divergences)
+        saved = {k: b.clone() for k, b in packed.buffers.items()} if frozen else None
+        logits = packed(x)
+        dev = logits.device
+        if self.pending is None or self.pending.device != dev:
+            self.pending = torch.zeros(n, 3, dtype=torch.long, device=dev)
+        if self._frozen_mask is None or self._frozen_mask[0] != frozen or self._frozen_mask[1].device != dev:
+            # rebuilt (one small host-to-device copy) only when the frozen set changed
+            self._frozen_mask = (frozenset(frozen), torch.tensor([i in frozen for i in range(n)], device=dev))
+        frozen_mask = self._frozen_mask[1]
+        bad_scores = (~torch.isfinite(logits)).flatten(1).sum(1)                   # [N]
+        ok_scores = bad_scores == 0
+        self.pending_numel = logits[0].numel()
+        safe = torch.where(ok_scores.view(n, *[1] * (logits.dim() - 1)), logits, 0.0)
+        dtype = torch.promote_types(logits.dtype, torch.float32)   # bf16 logits: float32 losses
+        nan = torch.full((), math.nan, dtype=dtype, device=dev)
+        live = [i for i in range(n) if i not in frozen]
+        losses = torch.stack([self.objectives[i](safe[i], y[i]).to(dtype) if i not in frozen else nan
+                              for i in range(n)])                                   # [N]
+        ok = ok_scores & torch.isfinite(losses) & ~frozen_mask
+        first = ~ok & ~frozen_mask & (self.pending[:, 0] == 0)
+        loss_code = torch.where(torch.isnan(losses), 1, torch.where(losses > 0, 2, 3))
+        record = torch.stack([torch.full_like(self.pending[:, 0], step + 1),
+                              torch.where(ok_scores, loss_code, 0), bad_scores], 1)
+        self.pending.copy_(torch.where(first[:, None], record, self.pending))
+        packed.zero_grad()
+        for i in range(n):
+            self.optimizers[i].zero_grad(set_to_none=True)
+        if live:
+            torch.where(ok, losses, 0.0).sum().backward()
+        if frozen:
+            with torch.no_grad():
+                for i in frozen:
+                    for k, b in packed.buffers.items():
+                        b[i] = saved[k][i]
+        packed.grads_to_models()
+        for i in frozen:
+            packed.models[i].zero_grad(set_to_none=True)
+        for i in live:
+            model = packed.models[i]
+            if self.max_grad_norm[i]:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), self.max_grad_norm[i])
+            self.optimizers[i].step()
+            if self.schedulers[i] is not None:
+                self.schedulers[i].step()
+            self.objectives[i].on_step_end(step=step, model=model, optimizer=self.optimizers[i],
+                                           batch=(x[i], y[i]))
+        return StepOutput(torch.where(ok, losses, math.nan).detach(), logits.detach())
 
 
 def param_groups(model: torch.nn.Module, objective) -> list[dict]:

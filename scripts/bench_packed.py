@@ -7,7 +7,9 @@ Issue 9 item 6. For every pack size N, image size (32 px: CIFAR-10/100; 50 px: C
 alternately (:func:`packed.speed.interleaved_ms`, median of ``--reps``), so the packed/separate
 ratio is measured side by side. It also records the step's peak memory for each (CUDA
 ``max_memory_allocated``; CPU peak-RSS delta, which is why each cell is its own process) and, on
-CUDA, tries to capture the packed step in a CUDA graph (the reason is recorded when it cannot).
+CUDA, tries to capture the sync-free packed step in a CUDA graph (the reason is recorded when it
+cannot). Each cell times three modes: packed (eager, one finiteness read per run and step), packed
+sync-free (:class:`packed.PackedStep`'s sync-free mode) and separate.
 FLOPs per run-step are counted with ``torch.utils.flop_counter.FlopCounterMode`` on one forward +
 backward of one model (convolutions and matmuls; the optimizer and the LP solver are not counted).
 
@@ -54,7 +56,7 @@ TABLES = ["table1_binary", "table2_multiclass", "table_f1", "table_eps"]
 # image side per dataset (configs/dataset/*.yaml comments: CIFAR 32x32, catdog50 pack, STL-10 kept at 96x96)
 IMAGE_PX = {"cifar10": 32, "cifar100": 32, "catdog": 50, "stl10": 96}
 STEPS_PER_RUN = 40_000   # trainer.max_steps of every table (paper: 40k iterations)
-CELL_KEYS = ["px", "objective", "dtype", "n", "status", "reason", "packed_ms", "separate_ms",
+CELL_KEYS = ["px", "objective", "dtype", "n", "status", "reason", "packed_ms", "sync_free_ms", "separate_ms",
              "packed_ms_per_run", "separate_ms_per_run", "ratio", "tflops_packed",
              "tflops_separate", "graph_ms", "graph_status", "mem_packed_mb", "mem_separate_mb",
              "mem_how", "wall_s"]
@@ -92,14 +94,23 @@ def run_cell(spec: dict, emit=None) -> dict:
                                                spec["batch"], spec["set"])
     runs = build_runs(make_model, shape, spec["batch"], spec["n"], device, make_objective,
                       autocast=torch.bfloat16 if spec["dtype"] == "bf16" else None)
+    def sync_free():   # the same pack, stepped in PackedStep's sync-free mode
+        runs.stepper.sync_free = True
+        try:
+            return runs.packed()
+        finally:
+            runs.stepper.sync_free = False
+
     t0 = time.perf_counter()
     mem_p, how = peak_memory_mb(runs.packed, device)     # doubles as each mode's warm-up step
     mem_s, _ = peak_memory_mb(runs.separate, device)
-    ms = interleaved_ms({"packed": runs.packed, "separate": runs.separate}, spec["reps"], device,
-                        warmup=0)
+    sync_free()
+    ms = interleaved_ms({"packed": runs.packed, "sync_free": sync_free, "separate": runs.separate},
+                        spec["reps"], device, warmup=0)
     n, flops = spec["n"], spec["flops"]
     row = dict(px=spec["px"], objective=spec["objective"], dtype=spec["dtype"], n=n, status="ok",
-                reason="", packed_ms=ms["packed"], separate_ms=ms["separate"],
+                reason="", packed_ms=ms["packed"], sync_free_ms=ms["sync_free"],
+                separate_ms=ms["separate"],
                 packed_ms_per_run=ms["packed"] / n, separate_ms_per_run=ms["separate"] / n,
                 ratio=ms["packed"] / ms["separate"],
                 tflops_packed=n * flops / ms["packed"] / 1e9,
@@ -108,7 +119,7 @@ def run_cell(spec: dict, emit=None) -> dict:
                 mem_separate_mb=mem_s, mem_how=how, wall_s=time.perf_counter() - t0)
     if emit:
         emit(row)
-    row["graph_ms"], row["graph_status"] = graph_ms(runs.packed, spec["reps"], device)  # last
+    row["graph_ms"], row["graph_status"] = graph_ms(sync_free, spec["reps"], device)  # last
     row["wall_s"] = time.perf_counter() - t0
     return row
 
@@ -186,7 +197,8 @@ def best_per_run(rows: list[dict], px: int, dtype: str, key: str) -> tuple[float
 def project(rows: list[dict], flops_of: dict[int, int]) -> list[dict]:
     """Hours of each paper table at 40k steps per run, one run after another on this device."""
     modes = [("separate fp32", "fp32", "separate_ms"), ("packed fp32", "fp32", "packed_ms"),
-             ("packed bf16", "bf16", "packed_ms"), ("graph fp32", "fp32", "graph_ms"),
+             ("packed bf16", "bf16", "packed_ms"), ("sync-free fp32", "fp32", "sync_free_ms"),
+             ("sync-free bf16", "bf16", "sync_free_ms"), ("graph fp32", "fp32", "graph_ms"),
              ("graph bf16", "bf16", "graph_ms")]
     out = []
     for name in TABLES:
@@ -244,10 +256,10 @@ def markdown(report: dict) -> str:
              "Machine: " + ", ".join(f"{k} {v}" for k, v in report["machine"].items()), "",
              "FLOPs per run-step (forward + backward, FlopCounterMode): " + ", ".join(
                  f"{px} px {f / 1e9:.2f} GFLOP" for px, f in report["flops"].items()), "",
-             "| px | objective | dtype | N | packed ms/step | separate ms/step | packed ms/run | "
-             "packed/separate | TFLOP/s packed | TFLOP/s separate | graph ms/step | "
+             "| px | objective | dtype | N | packed ms/step | sync-free ms/step | separate ms/step | "
+             "packed ms/run | packed/separate | TFLOP/s packed | TFLOP/s separate | graph ms/step | "
              "peak MB packed | peak MB separate | note |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     skips: dict[tuple[int, str], list[dict]] = {}
     for r in report["cells"]:
         if r["status"] != "ok" and r["packed_ms"] is None:
@@ -258,7 +270,7 @@ def markdown(report: dict) -> str:
         graph = (_f(r["graph_ms"]) if r["graph_ms"] is not None or r["status"] != "ok" else
                  "n/a (CPU)" if r["graph_status"].startswith("n/a") else "failed (note)")
         lines.append(f"| {r['px']} | {r['objective']} | {r['dtype']} | {r['n']} | {_f(r['packed_ms'])} | "
-                     f"{_f(r['separate_ms'])} | {_f(r['packed_ms_per_run'])} | {_f(r['ratio'], '{:.2f}')} | "
+                     f"{_f(r.get('sync_free_ms'))} | {_f(r['separate_ms'])} | {_f(r['packed_ms_per_run'])} | {_f(r['ratio'], '{:.2f}')} | "
                      f"{_f(r['tflops_packed'], '{:.4f}')} | {_f(r['tflops_separate'], '{:.4f}')} | "
                      f"{graph} | {_f(r['mem_packed_mb'], '{:.0f}')} | "
                      f"{_f(r['mem_separate_mb'], '{:.0f}')} | {note} |")

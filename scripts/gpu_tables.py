@@ -80,7 +80,8 @@ def measure(cfg, overrides: list[str], device, pack_n: int, reps: int) -> dict:
         runs = build_runs(lambda: build_model(cfg, bundle), shape, batch, pack_n, device,
                           make_objective=lambda: instantiate_runtime(job.objective, **runtime),
                           num_classes=bundle.num_classes,
-                          make_optimizer=lambda groups: instantiate(job.optimizer, _partial_=True)(params=groups))
+                          make_optimizer=lambda groups: instantiate(job.optimizer, _partial_=True)(params=groups),
+                          sync_free=device.type == "cuda")   # as train_packed steps there
         out[f"step_ms_per_run_{name}"] = median_ms(runs.packed, reps, device) / pack_n
     model = build_model(cfg, bundle).to(device)
     t0 = time.perf_counter()

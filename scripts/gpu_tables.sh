@@ -8,8 +8,7 @@
 # command at 10 minutes, and a hard timeout here at BUDGET + 40 s keeps it under 9), STEPS (40000),
 # EVAL_EVERY (10000), SEEDS ("0 1 2"), LRS ("0.1 0.01 0.001"), DEVICE (auto), EXTRA (more
 # overrides, e.g. "model=mlp"), PY (python3). Hydra/OmegaConf missing on the machine: wheels in
-# .whl/ are installed into a temporary folder first (build them here with
-# `.venv/bin/pip wheel --no-deps -w .whl hydra-core==1.3.8 omegaconf==2.3.1 antlr4-python3-runtime==4.9.3`).
+# .whl/ are installed into a temporary folder first (scripts/device_env.sh).
 # Leaves under OUT only: machine.txt, plan.json, runs.jsonl.gz (metrics + results.json per run),
 # tables.md, gpu_tables.log. Here: python scripts/gpu_tables.py unpack OUT/runs.jsonl.gz --into <dir>.
 set -u
@@ -18,12 +17,7 @@ OUT=${OUT:?set OUT}; PY=${PY:-python3}; BUDGET=${BUDGET:-480}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 export PYTHONUNBUFFERED=1 WANDB_MODE=disabled
 mkdir -p "$OUT"
-if ! $PY -c "import hydra, omegaconf" 2>/dev/null; then
-  site=$(mktemp -d)
-  $PY -m pip install -q --no-index --no-deps --no-compile --target "$site" "$ROOT"/.whl/*.whl \
-    || { echo "no hydra here and no wheels in .whl/ (see the header of $0)"; exit 3; }
-  export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
-fi
+. "$ROOT/scripts/device_env.sh"
 { date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null \
     || echo "no nvidia-smi"; $PY -c "import sys, torch, hydra; \
 print('python', sys.version.split()[0], 'torch', torch.__version__, 'hydra', hydra.__version__, \
