@@ -95,6 +95,21 @@ def _alias(module: nn.Module, name: str, tensor: torch.Tensor, parameter: bool) 
         owner._buffers[leaf] = tensor
 
 
+class _Float32BatchNorm(torch.overrides.TorchFunctionMode):
+    """Under autocast, BatchNorm of the packed forward runs in float32 (input cast up, output
+    cast back to the input's dtype). vmap's BatchNorm rule calls the native kernel, which on
+    CUDA refuses a bf16 input with float32 running statistics ("Expected running_mean to have
+    type BFloat16 but got Float", H100, torch 2.11: ``results/packed_bench/gpu_h100/``); a
+    single model's cuDNN BatchNorm takes that mix. The statistics stay float32, as alone."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.nn.functional.batch_norm and args and args[0].dtype in (torch.float16, torch.bfloat16):
+            dtype = args[0].dtype
+            return func(args[0].float(), *args[1:], **kwargs).to(dtype)
+        return func(*args, **kwargs)
+
+
 class PackedModels:
     """N models of one architecture, stored stacked and computed in one ``vmap`` call.
 
@@ -155,6 +170,9 @@ class PackedModels:
         if x.dim() < 2 or x.shape[0] != self.n:
             raise ValueError(f"packed input must be [N={self.n}, B, ...] (one batch per model); "
                              f"got {tuple(x.shape)}")
+        if torch.is_autocast_enabled(x.device.type):
+            with _Float32BatchNorm():
+                return vmap(self._one)(self.params, self.buffers, x)
         return vmap(self._one)(self.params, self.buffers, x)
 
     def grads_to_models(self) -> None:
