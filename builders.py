@@ -50,6 +50,11 @@ def resolve_device(name: str) -> torch.device:
 BN_MODES = ("eval", "train")
 
 
+def autocast_dtype(cfg: DictConfig) -> torch.dtype | None:
+    """The ``torch.autocast`` dtype of ``trainer.precision`` (``None`` for fp32)."""
+    return {"fp32": None, "bf16": torch.bfloat16}[cfg.trainer.get("precision", "fp32")]
+
+
 @torch.no_grad()
 def predict(model: nn.Module, dataset: Dataset, *, batch_size: int = 512,
             device: torch.device | str = "cpu", bn_mode: str = "eval") -> tuple[np.ndarray, np.ndarray]:

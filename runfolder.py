@@ -143,12 +143,20 @@ def _allowed(key: str, allowed: tuple[str, ...]) -> bool:
 
 
 _ABSENT = "<absent>"
+#: Config keys added after committed runs or checkpoints were made, with the value that reproduces
+#: what those runs did: a config without the key counts as having this value (``make_tables.py``
+#: pools such runs with new ones; a resume does not call the missing key a difference).
+ADDED_DEFAULTS = {
+    "trainer.eval_bn": "eval",     # BatchNorm-train evaluation option (issue 12); before it: eval()
+    "trainer.precision": "fp32",   # bf16 autocast option (issue 9); before it: float32
+    "trainer.checkpoints": True,   # checkpoint-free runs (issue 9); before it: always written
+}
 
 
 def config_differences(old: Mapping, new: Mapping,
                        allowed: tuple[str, ...] = ALLOWED_ON_RESUME) -> dict[str, list]:
     """``{key: [checkpoint value, new value]}`` for every leaf that differs outside ``allowed``."""
-    a, b = _flatten(old), _flatten(new)
+    a, b = ADDED_DEFAULTS | _flatten(old), ADDED_DEFAULTS | _flatten(new)
     return {k: [a.get(k, _ABSENT), b.get(k, _ABSENT)] for k in sorted(set(a) | set(b))
             if a.get(k, _ABSENT) != b.get(k, _ABSENT) and not _allowed(k, allowed)}
 

@@ -42,7 +42,7 @@ from tqdm import tqdm
 
 import metrics
 import runfolder
-from builders import build_model, instantiate_runtime, predict, resolve_device, runtime_values
+from builders import autocast_dtype, build_model, instantiate_runtime, predict, resolve_device, runtime_values
 from data import build_data
 from data.stream import STREAM_VERSION, BatchStream
 from data.errors import DamagedDatasetError, DatasetNotFoundError, SplitError
@@ -229,10 +229,14 @@ class Run:
         # order: metrics, best, last; a kill between them replays the interval on resume
         runfolder.write_metrics_csv(self.rows, run_dir / runfolder.METRICS)
         key = f"val_{self.primary}"
+        keep = cfg.trainer.get("checkpoints", True)
         if self.best is None or row[key] > self.best[key]:
             self.best = dict(row)
-            runfolder.save_best({"step": step, "model": self.model.state_dict(), "config": self.resolved},
-                                run_dir)
+            if keep:
+                runfolder.save_best({"step": step, "model": self.model.state_dict(), "config": self.resolved},
+                                    run_dir)
+        if not keep:   # trainer.checkpoints=false: metrics only
+            return row
         runfolder.save_checkpoint(
             {"step": step, "model": self.model.state_dict(), "objective": self.objective.state_dict(),
              "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
@@ -299,7 +303,7 @@ def train(cfg: DictConfig, run_dir: Path, choices: dict[str, str] | None = None)
     run.bundle.to(device)   # the data live on the device: batches and evaluation gather there
     run.attach_optimizer()
     model, objective, optimizer, scheduler = run.model, run.objective, run.optimizer, run.scheduler
-    step, timer = 0, Timer(device)
+    step, timer, amp = 0, Timer(device), autocast_dtype(cfg)
     if ckpt is not None:
         model.load_state_dict(ckpt["model"])
         objective.load_state_dict(ckpt["objective"])
@@ -327,7 +331,12 @@ def train(cfg: DictConfig, run_dir: Path, choices: dict[str, str] | None = None)
             x, y = next(stream)
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             timer.lap("data")
-            logits = model(x)
+            if amp is None:
+                logits = model(x)
+            else:   # the model in bf16 (autocast); the loss and any LP see float32 scores
+                with torch.autocast(device.type, dtype=amp):
+                    logits = model(x)
+                logits = logits.float()
             timer.lap("forward")
             finite = torch.isfinite(logits)
             if not finite.all():   # before any objective (or its LP solver) sees them

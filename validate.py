@@ -6,7 +6,8 @@ Each failure is a :class:`ConfigError` whose message names the key, the value an
 
 * ``trainer.max_steps``, ``eval_every``, ``batch_size``, ``eval_batch_size``, ``log_every`` are
   integers >= 1 (0 used to fail late with ``IndexError`` / ``ZeroDivisionError``);
-  ``trainer.max_grad_norm`` is null or finite > 0; ``trainer.eval_bn`` is eval or train;
+  ``trainer.max_grad_norm`` is null or finite > 0; ``trainer.eval_bn`` is eval or train; ``trainer.precision`` fp32 or bf16;
+  ``trainer.checkpoints`` a boolean;
   ``trainer.init_from`` names an existing file; ``optimizer.lr`` is finite and >= 0;
 * ``resume`` is false, true or force; ``dataset.task`` is binary or multiclass;
 * ``device`` exists on this machine (``device=cuda`` without a GPU fails here, not after the data);
@@ -28,6 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 TASKS = ("binary", "multiclass")
 RESUME_VALUES = (False, True, "force")
 POSITIVE_INTS = ("max_steps", "eval_every", "batch_size", "eval_batch_size", "log_every")
+PRECISIONS = ("fp32", "bf16")
 EXAMPLES = {"max_steps": 1000, "eval_every": 100, "batch_size": 64, "eval_batch_size": 512,
             "log_every": 50}
 
@@ -91,6 +93,11 @@ def static_problems(cfg: DictConfig) -> list[str]:
                         "number > 0, e.g. 5.0")
     if trainer.get("eval_bn", "eval") not in ("eval", "train"):
         problems.append(f"trainer.eval_bn={trainer.get('eval_bn')!r} must be eval or train")
+    if trainer.get("precision", "fp32") not in PRECISIONS:
+        problems.append(f"trainer.precision={trainer.get('precision')!r} must be one of "
+                        f"{', '.join(PRECISIONS)} (bf16: the model under torch.autocast)")
+    if not isinstance(trainer.get("checkpoints", True), bool):
+        problems.append(f"trainer.checkpoints={trainer.get('checkpoints')!r} must be true or false")
     if cfg.get("resume") not in RESUME_VALUES:
         problems.append(f"resume={cfg.get('resume')!r} must be false, true (continue from "
                         "<run dir>/last.pt) or force (continue although the config differs)")

@@ -67,7 +67,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 import train
-from builders import build_model, resolve_device
+from builders import autocast_dtype, build_model, resolve_device
 from data.stream import BatchStream
 from runfolder import _flatten
 from guards import DegenerateBatchesError
@@ -78,9 +78,9 @@ from packed.step import Divergence, PackedStep
 log = logging.getLogger(__name__)
 
 #: Config keys that must be equal within a pack (one architecture, one batch shape, one length,
-#: one optimizer family, one device); ``input_shape`` and ``num_classes`` (from the data) too.
+#: one precision, one optimizer family, one device); ``input_shape`` and ``num_classes`` (from the data) too.
 PACK_KEYS = ("dataset.name", "dataset.task", "model", "trainer.batch_size", "trainer.max_steps",
-             "optimizer._target_", "device")
+             "trainer.precision", "optimizer._target_", "device")
 
 
 class PackedLaunchError(ValueError):
@@ -313,7 +313,7 @@ def _train_pack(members: list[_Member], deadline: float | None = None,
         m.stream = BatchStream(m.run.bundle.train, m.run.cfg.trainer.batch_size, m.run.cfg.seed)
     stepper = PackedStep(packed, [r.objective for r in runs], [r.optimizer for r in runs],
                          [r.scheduler for r in runs], [r.cfg.trainer.max_grad_norm for r in runs],
-                         sync_free=sync_free)
+                         sync_free=sync_free, autocast=autocast_dtype(runs[0].cfg))
     times: dict[str, list[float]] = {"data": [], "step": []}
     stopped = None
     loss_log = _LossLog()

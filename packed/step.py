@@ -87,6 +87,9 @@ class PackedStep:
     schedulers: list
     max_grad_norm: list | None = None
     sync_free: bool = False
+    #: ``trainer.precision``'s autocast dtype (e.g. ``torch.bfloat16``): the packed forward runs
+    #: under ``torch.autocast`` and the objectives get float32 scores, as in ``train.py``
+    autocast: torch.dtype | None = None
     divergences: dict[int, Divergence] = field(default_factory=dict)
     #: sync-free mode: per run, the 1-based step of the first non-finite scores / loss (0: none
     #: yet), which (0 = scores, else a :data:`LOSS_CODES` key) and how many scores were
@@ -112,6 +115,13 @@ class PackedStep:
     def _diverge(self, i: int, step: int, reason: str) -> None:
         self.divergences[i] = Divergence(step=step + 1, reason=reason)  # 1-based, as train.py
 
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.autocast is None:
+            return self.packed(x)
+        with torch.autocast(x.device.type, dtype=self.autocast):
+            logits = self.packed(x)
+        return logits.float()
+
     def poll(self) -> list[int]:
         """Sync-free mode: read the device flags (one host sync), record each newly diverged run
         in :attr:`divergences` (then frozen) and return their indices; eager mode: ``[]``."""
@@ -136,7 +146,7 @@ class PackedStep:
         if self.sync_free:
             return self._step_sync_free(x, y, step)
         saved = {k: b.clone() for k, b in packed.buffers.items()}   # to freeze diverging runs
-        logits = packed(x)
+        logits = self._forward(x)
         live: list[int] = []
         losses = [torch.full((), math.nan, dtype=logits.dtype, device=logits.device)] * n
         for i in range(n):
@@ -183,7 +193,7 @@ class PackedStep:
         packed, n = self.packed, self.packed.n
         frozen = set(self.divergences)
         saved = {k: b.clone() for k, b in packed.buffers.items()} if frozen else None
-        logits = packed(x)
+        logits = self._forward(x)
         dev = logits.device
         if self.pending is None or self.pending.device != dev:
             self.pending = torch.zeros(n, 3, dtype=torch.long, device=dev)

@@ -6,6 +6,8 @@
 # resumed; so the script can be restarted until everything is done. The runs are listed in
 # scripts/lp_vs_ce_runs.txt (the lr grid there is for the best LP setting). Each run is
 # scripts/lp_vs_ce_run.sh NAME OVERRIDES (5,000 steps, eval every 500, the paper's schedule).
+# Another study with the same protocol: RUNS=<runs file> STUDY_DIR=<folder> STEPS=<n> (exported,
+# so each run sees them), e.g. scripts/precision_runs.txt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 pattern="${1:-.}"
@@ -13,11 +15,11 @@ todo=()
 while IFS='|' read -r name ov; do
   [[ -z "$name" || "$name" == \#* ]] && continue
   [[ "$name" =~ $pattern ]] || continue
-  dir="results/lp_vs_ce_cifar10/$name"
+  dir="${STUDY_DIR:-results/lp_vs_ce_cifar10}/$name"
   [ -f "$dir/results.json" ] && continue
   [ -f "$dir/last.pt" ] && ov="$ov resume=true"
   todo+=("$name $ov")
-done < scripts/lp_vs_ce_runs.txt
+done < "${RUNS:-scripts/lp_vs_ce_runs.txt}"
 echo "${#todo[@]} run(s) to do"
 [ "${#todo[@]}" -eq 0 ] && exit 0
 if [ -n "${DRY:-}" ]; then printf '  %s\n' "${todo[@]}"; exit 0; fi

@@ -50,6 +50,9 @@ from pathlib import Path
 
 from paper_numbers import PAPER
 
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
+from runfolder import ADDED_DEFAULTS  # noqa: E402 -- keys added later, with their old behaviour
+
 IGNORED = (  # config keys (and their sub-keys) that never define a protocol
     "seed",                     # the cell's sample axis: pooled, never split on
     "device", "resume",         # where it ran, whether it was continued: same computation
@@ -58,11 +61,6 @@ IGNORED = (  # config keys (and their sub-keys) that never define a protocol
     "trainer.eval_batch_size", "trainer.num_workers", "trainer.log_every",  # speed, progress bar
     "trainer.eval_every",       # when val/test are measured; the last eval is at max_steps anyway
 )
-#: Keys added to the configs after some committed runs were made, with the value that reproduces
-#: what those runs did: an older run without the key counts as having this value (not null).
-ADDED_DEFAULTS = {
-    "trainer.eval_bn": "eval",   # BatchNorm-train evaluation option (issue 12); before it: eval()
-}
 COLUMN_PREFIXES = ("dataset.", "model.")  # may differ between columns, not inside one
 LR_KEY = "optimizer.lr"
 TEX = {"\\": "\\textbackslash{}", "_": "\\_", "%": "\\%", "&": "\\&", "#": "\\#", "{": "\\{", "}": "\\}",
