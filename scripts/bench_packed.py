@@ -332,6 +332,11 @@ def main(argv: list[str] | None = None) -> dict:
         x, y = torch.randn(args.batch, 3, px, px), torch.randint(0, 2, (args.batch,))
         flops_of[px] = count_flops(makers(args.model, "ce", px, args.batch, args.set)[0](), x, y)
     rows: list[dict] = []
+    report = {"schema": "bench_packed/1",
+              "command": shlex.join(["python", "scripts/bench_packed.py"] + list(argv if argv is not None else sys.argv[1:])),
+              "device": args.device, "machine": machine(device),
+              "settings": {k: getattr(args, k) for k in ("batch", "reps", "budget_s", "threads", "model", "set")},
+              "flops": {str(k): v for k, v in flops_of.items()}, "cells": rows, "wall_s": 0.0}
     for n in args.n or DEFAULT_N:
         for px in args.px:
             for dtype in args.dtypes:
@@ -345,26 +350,24 @@ def main(argv: list[str] | None = None) -> dict:
                            else run_cell_subprocess(spec, timeout=max(left, 1)))
                     rows.append(row)
                     print(f"{px}px {objective} {dtype} N={n}: " + (
-                        f"packed {row['packed_ms']:.1f} ms, separate {row['separate_ms']:.1f} ms, "
-                        f"ratio {row['ratio']:.2f}" if row["status"] == "ok" else row["reason"]),
-                        flush=True)
-    report = {"schema": "bench_packed/1",
-              "command": shlex.join(["python", "scripts/bench_packed.py"] + list(argv if argv is not None else sys.argv[1:])),
-              "device": args.device, "machine": machine(device),
-              "settings": {k: getattr(args, k) for k in ("batch", "reps", "budget_s", "threads", "model", "set")},
-              "flops": {str(k): v for k, v in flops_of.items()}, "cells": rows,
-              "wall_s": time.monotonic() - start}
+                        f"packed {row['packed_ms']:.1f} ms, sync-free {_f(row.get('sync_free_ms'))} ms, "
+                        f"separate {row['separate_ms']:.1f} ms, ratio {row['ratio']:.2f}, graph "
+                        f"{_f(row['graph_ms'])} ms ({row['graph_status'][:60]})"
+                        if row["status"] == "ok" else row["reason"]), flush=True)
+                    report["cells"], report["wall_s"] = rows, time.monotonic() - start
+                    write(report, Path(args.out), echo=False)   # a killed sweep keeps its cells
     return write(report, Path(args.out))
 
 
-def write(report: dict, out: Path) -> dict:
+def write(report: dict, out: Path, echo: bool = True) -> dict:
     """Add the derived parts (ratio per N, projection) and write bench.json + bench.md."""
     flops_of = {int(k): v for k, v in report["flops"].items()}
     report.update(ratio_by_n=ratio_by_n(report["cells"]), projection=project(report["cells"], flops_of))
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench.json").write_text(json.dumps(report, indent=1) + "\n")
     (out / "bench.md").write_text(markdown(report))
-    print(markdown(report))
+    if echo:
+        print(markdown(report))
     return report
 
 
