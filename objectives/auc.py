@@ -65,6 +65,12 @@ from objectives.common import binary_scores, check_labels, check_positive_class
 from objectives.pairwise import PairwiseRampLP
 
 
+#: ``masked``: the |X+||X-| pairs, gathered by boolean masks (shapes depend on the labels: one
+#: host sync per batch); ``dense``: all B x B pairs with zero weight off the (positive, negative)
+#: ones, a fixed shape, no sync (with ``solver.capture_safe`` the whole loss is capturable)
+PAIR_LAYOUTS = ("masked", "dense")
+
+
 def auc_pairs(scores: torch.Tensor, labels: torch.Tensor, positive: int = 1) -> torch.Tensor | None:
     """Margins ``d_ij = s_i - s_j`` of all (positive i, negative j) pairs, positive-major order;
     ``None`` when one side is empty."""
@@ -84,17 +90,33 @@ class AUCLoss(PairwiseRampLP):
             two logits) or ``margin`` (raw logit difference).
         positive_class: the label treated as positive (1 in every binary split here).
         method, backward, solver: see :class:`objectives.pairwise.PairwiseRampLP`.
+        pair_layout: ``masked`` (default) or ``dense`` (:data:`PAIR_LAYOUTS`): the same loss and
+            gradient; ``dense`` solves a B² LP of fixed shape with no host sync.
     """
 
     tasks = ("binary",)
 
     def __init__(self, epsilon: float = 0.01, score: str = "softmax", positive_class: int = 1,
                  method: str = "lp", backward: str = "active_set",
-                 solver: Mapping[str, Any] | None = None) -> None:
+                 solver: Mapping[str, Any] | None = None, pair_layout: str = "masked") -> None:
         super().__init__(epsilon=epsilon, method=method, backward=backward, solver=solver)
         binary_scores(torch.zeros(1, 2), score)  # validates the name at construction
         self.score = score
         self.positive_class = check_positive_class(positive_class)
+        if pair_layout not in PAIR_LAYOUTS:
+            raise ValueError(f"pair_layout must be one of {PAIR_LAYOUTS}; got {pair_layout!r}")
+        self.pair_layout = pair_layout
+
+    def dense_pairs(self, logits: torch.Tensor, labels: torch.Tensor):
+        """All ``B x B`` ordered pairs (row-major, so the (positive, negative) pairs keep
+        :meth:`pairs`' order), weight ``1/(|X+||X-|)`` on those and 0 elsewhere."""
+        labels = check_labels(logits, labels)
+        s = binary_scores(logits, self.score)
+        pos = labels == self.positive_class
+        mask = (pos[:, None] & ~pos[None, :]).reshape(-1)
+        count = mask.sum()
+        w = mask.to(s.dtype) / count.clamp_min(1).to(s.dtype)
+        return (s[:, None] - s[None, :]).reshape(-1), w, count > 0
 
     def pairs(self, logits: torch.Tensor, labels: torch.Tensor):
         labels = check_labels(logits, labels)

@@ -41,7 +41,7 @@ class Objective(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self._stat_sums: dict[str, float] = defaultdict(float)
-        self._stat_counts: dict[str, int] = defaultdict(int)
+        self._stat_counts: dict[str, int | torch.Tensor] = defaultdict(int)
 
     def extra_param_groups(self) -> list[dict]:
         return []
@@ -63,8 +63,19 @@ class Objective(nn.Module):
                 self._stat_sums[key] += float(value)
             self._stat_counts[key] += 1
 
+    def record_where(self, cond: torch.Tensor, **values: float | torch.Tensor) -> None:
+        """:meth:`record` the ``values`` only where the 0-dim bool tensor ``cond`` holds, decided
+        on the device (no sync): the means are those of :meth:`record` called in the batches
+        where ``cond`` was true (a key recorded in none is left out of :meth:`pop_stats`)."""
+        w = cond.detach().reshape(()).double()
+        for key, value in values.items():
+            value = value.detach().reshape(()).double() if isinstance(value, torch.Tensor) else float(value)
+            self._stat_sums[key] = self._stat_sums[key] + torch.where(cond, value, 0.0).double()
+            self._stat_counts[key] = self._stat_counts[key] + w
+
     def pop_stats(self) -> dict[str, float]:
-        out = {k: float(self._stat_sums[k]) / self._stat_counts[k] for k in self._stat_sums}
+        counts = {k: float(c) for k, c in self._stat_counts.items()}
+        out = {k: float(self._stat_sums[k]) / counts[k] for k in self._stat_sums if counts[k]}
         self._stat_sums.clear()
         self._stat_counts.clear()
         return out

@@ -105,8 +105,17 @@ class PairwiseRampLP(Objective):
                     lp_pairs=float(d.numel()))
         return d, w
 
+    def dense_pairs(self, logits: torch.Tensor, labels: torch.Tensor):
+        """``(d [M], w [M], has_pairs)`` with ``M`` fixed by the batch shape alone (no host sync):
+        the pairs of :meth:`pairs` in the same order, interleaved with pairs of weight 0, and
+        ``has_pairs`` a 0-dim bool tensor. Subclasses that support ``pair_layout="dense"``
+        implement it."""
+        raise NotImplementedError(f"{type(self).__name__} has no pair_layout='dense'; use 'masked'")
+
     def forward(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         logits = lp_logits(logits)
+        if getattr(self, "pair_layout", "masked") == "dense":
+            return self._dense_forward(logits, labels)
         pairs = self.batch_pairs(logits, labels)
         if pairs is None:
             return zero_loss(logits)
@@ -115,25 +124,41 @@ class PairwiseRampLP(Objective):
         counted = torch.relu(self.epsilon - z) / self.epsilon
         return 1.0 - (w * counted).sum()
 
-    def solve_pairs(self, d: torch.Tensor) -> torch.Tensor:
+    def _dense_forward(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """The loss of :meth:`forward` from :meth:`dense_pairs`: every batch solves one LP of the
+        same size, and a batch without pairs gets the zero loss on the device, not by a branch.
+        The zero-weight pairs are LP rows of their own (the LP is separable), so the loss and its
+        gradient are the masked layout's; the solver diagnostics cover all ``M`` rows."""
+        d, w, has = self.dense_pairs(logits, labels)
+        self.record(degenerate_batches=~has, empty_batches=~has)
+        self.record_where(has, lp_pairs=(w > 0).sum())
+        z = self.solve_pairs(d, when=has)
+        counted = torch.relu(self.epsilon - z) / self.epsilon
+        return torch.where(has, 1.0 - (w * counted).sum(), zero_loss(logits))
+
+    def solve_pairs(self, d: torch.Tensor, when: torch.Tensor | None = None) -> torch.Tensor:
         """``z*`` of the pairwise LP for margins ``d``; the one hook a different LP solver
-        (e.g. :class:`baselines.cvxpy_lp.AUCCvxpyLoss`) overrides."""
+        (e.g. :class:`baselines.cvxpy_lp.AUCCvxpyLoss`) overrides. ``when`` (0-dim bool
+        tensor): record the solver's diagnostics only if it holds."""
         z, sol = ramp_lp(d, self.epsilon, method=self.method, backward=self.backward,
                          options=self.solver_options)
         if sol is not None and self.solver_options.get("capture_safe"):
-            self._record_on_device(sol.stats)
+            self._record_on_device(sol.stats, when)
+        elif sol is not None and when is not None:
+            self.record_where(when, **solver_stats(sol))
         elif sol is not None:
             self.record(**solver_stats(sol))
         return z
 
-    def _record_on_device(self, stats) -> None:
+    def _record_on_device(self, stats, when: torch.Tensor | None = None) -> None:
         """Add this solve's diagnostics to a device buffer in place (no host sync; an in-place
-        add is also what a replayed CUDA graph repeats)."""
+        add is also what a replayed CUDA graph repeats); weighted by ``when`` if given."""
         vals = torch.stack([stats[key].float() for _, key in DEVICE_STATS])
         if self._lp_sums is None or self._lp_sums.device != vals.device:
             self._lp_sums = torch.zeros(len(DEVICE_STATS) + 1, device=vals.device)
-        self._lp_sums[:-1].add_(vals)
-        self._lp_sums[-1:].add_(1.0)
+        weight = torch.ones((), device=vals.device) if when is None else when.float()
+        self._lp_sums[:-1].add_(vals * weight)
+        self._lp_sums[-1:].add_(weight)
 
     def pop_stats(self) -> dict[str, float]:
         out = super().pop_stats()

@@ -16,7 +16,8 @@ kernels differ (cuDNN grouped convolutions, TF32), so this script measures, on R
    against its packed twin; max absolute difference of logits and parameters (grouped vs plain
    convolutions sum in another order, so small differences are expected; they are the number).
 4. **CUDA graph**: captures the sync-free ``ce`` step (labels checked once) and replays it
-   3 times against 3 eager sync-free steps from the same state; max parameter difference.
+   3 times against 3 eager sync-free steps from the same state; max parameter difference. The
+   same for the binary AUC LP with ``pair_layout="dense"`` and ``solver.capture_safe``.
 
 Runs on the CPU too (``--device cpu``; no graph there), which is how it is tested.
 """
@@ -35,6 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from models.resnet import resnet18  # noqa: E402
+from objectives.auc import AUCLoss  # noqa: E402
 from objectives.ce import CrossEntropy  # noqa: E402
 from objectives.common import labels_checked  # noqa: E402
 from packed import PackedStep, pack, param_groups  # noqa: E402
@@ -47,9 +49,14 @@ def make_models(n: int, px: int, device) -> list[torch.nn.Module]:
     return [resnet18(2, [3, px, px]).to(device) for _ in range(n)]
 
 
-def stepper_for(models, sync_free: bool) -> PackedStep:
+def dense_auc():
+    """The binary AUC LP in its capture-safe form: fixed-shape pairs, fixed Newton counts."""
+    return AUCLoss(epsilon=0.1, pair_layout="dense", solver={"capture_safe": True})
+
+
+def stepper_for(models, sync_free: bool, make_objective=CrossEntropy) -> PackedStep:
     packed = pack([copy.deepcopy(m) for m in models])
-    objectives = [CrossEntropy() for _ in models]
+    objectives = [make_objective() for _ in models]
     opts = [torch.optim.SGD(param_groups(m, o), **SGD) for m, o in zip(packed.models, objectives)]
     packed.train()
     return PackedStep(packed, objectives, opts, [None] * len(models), sync_free=sync_free)
@@ -124,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if device.type == "cuda":
         report["cuda_graph"] = graph_check(models, data, device)
+        report["cuda_graph_auc_lp_dense"] = graph_check(models, data, device, dense_auc)
     report["wall_s"] = round(time.perf_counter() - t0, 1)
     text = json.dumps(report, indent=2)
     print(text)
@@ -133,9 +141,9 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def graph_check(models, data, device) -> dict:
-    """Capture one sync-free ce step on static tensors; replay it against eager sync-free steps."""
-    ref, cap = stepper_for(models, True), stepper_for(models, True)
+def graph_check(models, data, device, make_objective=CrossEntropy) -> dict:
+    """Capture one sync-free step on static tensors; replay it against eager sync-free steps."""
+    ref, cap = stepper_for(models, True, make_objective), stepper_for(models, True, make_objective)
     x_static, y_static = data[0][0].clone(), data[0][1].clone()
     with labels_checked():
         for st in (ref, cap):   # the first step builds the optimizer state and device flags
