@@ -41,7 +41,9 @@ class Objective(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self._stat_sums: dict[str, float] = defaultdict(float)
-        self._stat_counts: dict[str, int | torch.Tensor] = defaultdict(int)
+        self._stat_counts: dict[str, int] = defaultdict(int)
+        self._stat_device: dict[str, torch.Tensor] = {}   # key -> float64 [sum, count], in place
+        self._stat_order: dict[str, None] = {}            # keys in the order first recorded
 
     def extra_param_groups(self) -> list[dict]:
         return []
@@ -53,29 +55,48 @@ class Objective(nn.Module):
     def record(self, **values: float | torch.Tensor) -> None:
         """Accumulate scalar diagnostics; :meth:`pop_stats` returns their means.
 
-        A value may be a one-element tensor: it is summed on its device in float64 (the
-        arithmetic of summing its ``float()``) and read once, by :meth:`pop_stats`, so recording
-        makes no host sync per step."""
+        A value may be a one-element tensor: it is added, in float64 (the arithmetic of summing
+        its ``float()``), *in place* into a per-key device tensor ``[sum, count]`` that lives as
+        long as the objective. So recording makes no host sync, and a captured CUDA graph that
+        replays the step keeps accumulating into the same tensors. :meth:`pop_stats` reads them
+        once and zeroes them in place."""
         for key, value in values.items():
+            self._stat_order.setdefault(key)
             if isinstance(value, torch.Tensor):
-                self._stat_sums[key] = self._stat_sums[key] + value.detach().reshape(()).double()
+                self._add_on_device(key, value.detach().reshape(()).double(), None)
             else:
                 self._stat_sums[key] += float(value)
-            self._stat_counts[key] += 1
+                self._stat_counts[key] += 1
 
     def record_where(self, cond: torch.Tensor, **values: float | torch.Tensor) -> None:
         """:meth:`record` the ``values`` only where the 0-dim bool tensor ``cond`` holds, decided
         on the device (no sync): the means are those of :meth:`record` called in the batches
         where ``cond`` was true (a key recorded in none is left out of :meth:`pop_stats`)."""
-        w = cond.detach().reshape(()).double()
+        cond = cond.detach().reshape(())
         for key, value in values.items():
-            value = value.detach().reshape(()).double() if isinstance(value, torch.Tensor) else float(value)
-            self._stat_sums[key] = self._stat_sums[key] + torch.where(cond, value, 0.0).double()
-            self._stat_counts[key] = self._stat_counts[key] + w
+            self._stat_order.setdefault(key)
+            value = value.detach().reshape(()).double() if isinstance(value, torch.Tensor) else \
+                torch.tensor(float(value), dtype=torch.float64, device=cond.device)
+            self._add_on_device(key, value, cond)
+
+    def _add_on_device(self, key: str, value: torch.Tensor, cond: torch.Tensor | None) -> None:
+        acc = self._stat_device.get(key)
+        if acc is None or acc.device != value.device:
+            acc = self._stat_device[key] = torch.zeros(2, dtype=torch.float64, device=value.device)
+        one = torch.ones((), dtype=torch.float64, device=value.device)
+        if cond is None:
+            acc.add_(torch.stack([value, one]))
+        else:
+            acc.add_(torch.where(cond, torch.stack([value, one]), 0.0))
 
     def pop_stats(self) -> dict[str, float]:
-        counts = {k: float(c) for k, c in self._stat_counts.items()}
-        out = {k: float(self._stat_sums[k]) / counts[k] for k in self._stat_sums if counts[k]}
+        sums, counts = dict(self._stat_sums), {k: float(c) for k, c in self._stat_counts.items()}
+        if self._stat_device:   # one read per device, then zeroed in place (graph replays add here)
+            keys = list(self._stat_device)
+            for key, (total, count) in zip(keys, torch.stack([self._stat_device[k].cpu() for k in keys]).tolist()):
+                sums[key], counts[key] = sums.get(key, 0.0) + total, counts.get(key, 0.0) + count
+            for acc in self._stat_device.values():
+                acc.zero_()
         self._stat_sums.clear()
         self._stat_counts.clear()
-        return out
+        return {k: sums[k] / counts[k] for k in self._stat_order if counts.get(k)}   # first-recorded order

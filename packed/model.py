@@ -53,6 +53,14 @@ from torch import nn
 from torch.func import functional_call, vmap
 
 
+#: How the packed forward runs: ``vmap`` (one grouped computation: the GPU's mode), ``loop``
+#: (each model on its own rows of the storage, one after another: the CPU's mode, where oneDNN's
+#: grouped convolutions are slower than N plain ones), ``auto`` (vmap on CUDA, loop elsewhere).
+#: Both write the same storage and share one backward; ``loop`` runs each model's own kernels,
+#: so it equals separate runs bit for bit.
+MODES = ("auto", "vmap", "loop")
+
+
 class PackError(ValueError):
     """The models cannot share a pack (architecture, shapes, dtype, device, randomness)."""
 
@@ -127,9 +135,11 @@ class PackedModels:
         3
     """
 
-    def __init__(self, models: list[nn.Module]) -> None:
+    def __init__(self, models: list[nn.Module], mode: str = "auto") -> None:
         _check_packable(models)
-        self.n = len(models)
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}; got {mode!r}")
+        self.n, self.mode = len(models), mode
         states = [m.state_dict(keep_vars=True) for m in models]
         param_names = [name for name, _ in models[0].named_parameters()]
         buffer_names = [name for name, _ in models[0].named_buffers()]
@@ -166,10 +176,19 @@ class PackedModels:
     def _one(self, params, buffers, x):
         return functional_call(self._skeleton, (params, buffers), (x,), strict=True)
 
+    def _loop(self, x: torch.Tensor) -> torch.Tensor:
+        """The models one after another on their rows of the storage (the CPU's mode)."""
+        return torch.stack([self._one({k: v[i] for k, v in self.params.items()},
+                                      {k: v[i] for k, v in self.buffers.items()}, x[i])
+                            for i in range(self.n)])
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() < 2 or x.shape[0] != self.n:
             raise ValueError(f"packed input must be [N={self.n}, B, ...] (one batch per model); "
                              f"got {tuple(x.shape)}")
+        mode = self.mode if self.mode != "auto" else ("vmap" if x.device.type == "cuda" else "loop")
+        if mode == "loop":
+            return self._loop(x)
         if torch.is_autocast_enabled(x.device.type):
             with _Float32BatchNorm():
                 return vmap(self._one)(self.params, self.buffers, x)
@@ -190,11 +209,12 @@ class PackedModels:
             model.zero_grad(set_to_none=True)
 
 
-def pack(models: list[nn.Module]) -> PackedModels:
+def pack(models: list[nn.Module], mode: str = "auto") -> PackedModels:
     """Stack ``models`` (same architecture, dtype and device) into one :class:`PackedModels`.
 
-    The models themselves are left untouched (their tensors are copied into the storage)."""
-    return PackedModels(list(models))
+    The models themselves are left untouched (their tensors are copied into the storage).
+    ``mode``: see :data:`MODES`."""
+    return PackedModels(list(models), mode)
 
 
 def unpack(packed: PackedModels) -> list[dict[str, torch.Tensor]]:

@@ -29,7 +29,7 @@ timeout "${CHECK_S:-60}" $PY scripts/check_packed_device.py --device "$DEVICE" $
     --out "$OUT/check_packed_cuda.json" || stamp "check rc $?"
 stamp "bench_packed"
 bench=$(mktemp -d)
-timeout "${BENCH_S:-160}" $PY scripts/bench_packed.py --device "$DEVICE" --px 32 --objectives ce auc_lp \
+timeout "${BENCH_S:-160}" $PY scripts/bench_packed.py --device "$DEVICE" --px 32 --objectives ce auc_lp auc_lp_capture \
     --dtypes fp32 bf16 --n ${BENCH_N:-8 24 48} --reps 5 --budget-s $(( ${BENCH_S:-160} - 15 )) --out "$bench" \
     || stamp "bench rc $?"
 cp "$bench/bench.json" "$OUT/" 2>/dev/null   # bench.md is in the log and rendered here again

@@ -62,8 +62,9 @@ def compose_job(overrides: list[str]):
         return compose("config", overrides=["experiment=table1_binary", *overrides])
 
 
-def measure(cfg, overrides: list[str], device, pack_n: int, reps: int) -> dict:
-    """ms per run-step of a packed step (each of :data:`OBJECTIVES`) at ``pack_n`` runs,
+def measure(cfg, overrides: list[str], device, pack_n: int, reps: int,
+            objectives=OBJECTIVES) -> dict:
+    """ms per run-step of a packed step (each of ``objectives``) at ``pack_n`` runs,
     and ms of one run's evaluation (val + test), for the model and batch of ``cfg``."""
     from hydra.utils import instantiate
 
@@ -75,7 +76,7 @@ def measure(cfg, overrides: list[str], device, pack_n: int, reps: int) -> dict:
     runtime = runtime_values(bundle)
     shape, batch = tuple(bundle.input_shape), int(cfg.trainer.batch_size)
     out = {"pack_n": pack_n, "input_shape": list(shape), "batch_size": batch}
-    for name in OBJECTIVES:   # each with the optimizer its config brings (ppd_*: their own)
+    for name in objectives:   # each with the optimizer its config brings (ppd_*: their own)
         job = compose_job([*overrides, f"objective={name}"])   # the last objective= wins
         runs = build_runs(lambda: build_model(cfg, bundle), shape, batch, pack_n, device,
                           make_objective=lambda: instantiate_runtime(job.objective, **runtime),
@@ -176,7 +177,7 @@ def run(args) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     work = Path(args.work or tempfile.mkdtemp(prefix="gpu_tables_"))   # run folders stay out of OUT
-    specs = job_specs(args.dataset, args.seeds, args.lrs)
+    specs = job_specs(args.dataset, args.seeds, args.lrs, objectives=args.objectives)
     # no checkpoints: none travels back, and on the H100 slot writing best.pt + last.pt took
     # ~4 s per run and evaluation (results/gpu_tables/cifar10_h100/)
     extra = [f"trainer.max_steps={args.steps}", f"trainer.eval_every={args.eval_every}",
@@ -184,8 +185,8 @@ def run(args) -> int:
     first_cfg = compose_job(specs[0]["overrides"] + extra)
     device = resolve_device(first_cfg.device)
     speed = measure(first_cfg, specs[0]["overrides"] + extra, device, min(args.probe_n, len(specs)),
-                    args.probe_reps)
-    block = len(args.lrs) * len(LEVELS) * len(OBJECTIVES)
+                    args.probe_reps, args.objectives)
+    block = len(args.lrs) * len(LEVELS) * len(args.objectives)
     elapsed = time.monotonic() - start
     the_plan = plan(specs, speed, args.budget_s - elapsed, args.steps, args.eval_every, block)
     the_plan.update(speed=speed, device=str(device), torch=torch.__version__, setup_s=round(elapsed, 1),
@@ -232,6 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--eval-every", type=int, default=10000)
     r.add_argument("--lrs", type=float, nargs="+", default=list(LRS))
     r.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS))
+    r.add_argument("--objectives", nargs="+", default=list(OBJECTIVES),
+                   help="objective configs (e.g. auc_lp_capture for auc_lp: the same loss, no host sync)")
     r.add_argument("--device", default="auto")
     r.add_argument("--max-pack", type=int, default=None)
     r.add_argument("--probe-n", type=int, default=24,

@@ -6,7 +6,8 @@
 #
 # Env: BUDGET (wall seconds for planning + training + export, default 480: the device tool stops a
 # command at 10 minutes, and a hard timeout here at BUDGET + 40 s keeps it under 9), STEPS (40000),
-# EVAL_EVERY (10000), SEEDS ("0 1 2"), LRS ("0.1 0.01 0.001"), DEVICE (auto), EXTRA (more
+# EVAL_EVERY (10000), SEEDS ("0 1 2"), LRS ("0.1 0.01 0.001"), DEVICE (auto), OBJECTIVES
+# ("ce auc_lp ppd_sg ppd_adagrad"; auc_lp_capture: auc_lp without host syncs), EXTRA (more
 # overrides, e.g. "model=mlp"), PY (python3). Hydra/OmegaConf missing on the machine: wheels in
 # .whl/ are installed into a temporary folder first (scripts/device_env.sh).
 # Leaves under OUT only: machine.txt, plan.json, runs.jsonl.gz (metrics + results.json per run),
@@ -28,8 +29,9 @@ print('python', sys.version.split()[0], 'torch', torch.__version__, 'hydra', hyd
 set -f   # word lists below, never globs (an override like x=[1,2] stays as typed)
 read -r -a seeds <<< "${SEEDS:-0 1 2}"; read -r -a lrs <<< "${LRS:-0.1 0.01 0.001}"
 read -r -a extra <<< "${EXTRA:-}"
+read -r -a objectives <<< "${OBJECTIVES:-ce auc_lp ppd_sg ppd_adagrad}"
 timeout --signal=TERM $((${BUDGET%.*} + 40)) $PY "$ROOT/scripts/gpu_tables.py" run --dataset "$DATASET" \
     --out "$OUT" --budget-s "$BUDGET" --steps "${STEPS:-40000}" --eval-every "${EVAL_EVERY:-10000}" \
-    --seeds "${seeds[@]}" --lrs "${lrs[@]}" --device "${DEVICE:-auto}" \
+    --seeds "${seeds[@]}" --lrs "${lrs[@]}" --device "${DEVICE:-auto}" --objectives "${objectives[@]}" \
     ${extra[0]:+--set "${extra[@]}"} 2>&1 | tee "$OUT/gpu_tables.log"
 exit "${PIPESTATUS[0]}"

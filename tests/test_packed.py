@@ -4,7 +4,8 @@ float64 on the CPU: logits, losses, gradients (model and objective parameters), 
 running statistics and updated parameters agree to 1e-10 (relative to max(1, |value|)) over a
 pack that mixes objectives (ce, auc_lp, f1_lp, ppd_sg), learning rates, schedules and seeds, with
 a degenerate (one-class) batch; a non-finite run is frozen and leaves the others bit-identical;
-pack -> unpack round-trips bitwise. Objectives and optimizers come from the project's configs
+pack -> unpack round-trips bitwise. Both forward modes (``vmap``, the GPU's; ``loop``, the CPU's)
+are checked; the loop mode equals separate float32 runs bitwise. Objectives and optimizers come from the project's configs
 (Hydra compose), built as train.py builds them.
 """
 from __future__ import annotations
@@ -101,11 +102,12 @@ def batches(specs, shape, batch: int, steps: int):
     return out
 
 
-def check_pack_equals_separate(compose_cfg, make_model, specs, shape, batch, steps, clip=None):
+def check_pack_equals_separate(compose_cfg, make_model, specs, shape, batch, steps, clip=None,
+                               mode="vmap"):
     cfgs = configs(compose_cfg, specs, clip)
     models = build(make_model, specs)
     separate = [Run(c, copy.deepcopy(m), 0.6) for c, m in zip(cfgs, models)]
-    packed = pack(models)
+    packed = pack(models, mode)
     packed_runs = [Run(c, m, 0.6) for c, m in zip(cfgs, packed.models)]
     stepper = PackedStep(packed, [r.objective for r in packed_runs],
                          [r.optimizer for r in packed_runs], [r.scheduler for r in packed_runs],
@@ -141,15 +143,38 @@ def check_pack_equals_separate(compose_cfg, make_model, specs, shape, batch, ste
             assert stats["degenerate_batches"] == 1 / steps
 
 
-def test_resnet18_pack_step_equals_separate_steps(float64_default, compose_cfg):
+@pytest.mark.parametrize("mode", ["vmap", "loop"])
+def test_resnet18_pack_step_equals_separate_steps(float64_default, compose_cfg, mode):
     check_pack_equals_separate(compose_cfg, lambda: resnet18(2, IMAGE), MIXED, IMAGE, batch=8,
-                               steps=2)
+                               steps=2, mode=mode)
 
 
-def test_mlp_pack_step_equals_separate_steps(float64_default, compose_cfg):
+@pytest.mark.parametrize("mode", ["vmap", "loop"])
+def test_mlp_pack_step_equals_separate_steps(float64_default, compose_cfg, mode):
     specs = MIXED + [("auc_lp", 0.1, 4, False), ("ce", 0.001, 5, True)]
     check_pack_equals_separate(compose_cfg, lambda: MLP(2, FLAT, hidden=[32, 16]), specs, FLAT,
-                               batch=16, steps=3, clip=0)
+                               batch=16, steps=3, clip=0, mode=mode)
+
+
+def test_loop_mode_equals_separate_runs_bitwise(compose_cfg):
+    """float32: the loop mode runs each model's own kernels, so nothing differs at all."""
+    specs = [("ce", 0.1, 0, False), ("auc_lp", 0.01, 1, False)]
+    cfgs = configs(compose_cfg, specs)
+    models = build(lambda: resnet18(2, IMAGE), specs)
+    separate = [Run(c, copy.deepcopy(m), 0.6) for c, m in zip(cfgs, models)]
+    packed = pack(models, "loop")
+    runs = [Run(c, m, 0.6) for c, m in zip(cfgs, packed.models)]
+    stepper = PackedStep(packed, [r.objective for r in runs], [r.optimizer for r in runs],
+                         [r.scheduler for r in runs])
+    packed.train()
+    for t, (x, y) in enumerate(batches(specs, IMAGE, 8, 2)):
+        out = stepper.step(x, y, t)
+        for i, sep in enumerate(separate):
+            logits, loss = sep.step(x[i], y[i], t)
+            assert torch.equal(out.logits[i], logits) and torch.equal(out.losses[i], loss)
+    for i, sep in enumerate(separate):
+        for (k, v), w in zip(sep.model.state_dict().items(), unpack(packed)[i].values()):
+            assert torch.equal(v, w), f"run {i} {k}"
 
 
 class NaNAfter(Objective):
@@ -165,20 +190,21 @@ class NaNAfter(Objective):
         return loss * float("nan") if self.calls > self.at else loss
 
 
-def sgd_stepper(models, objectives, lrs):
-    packed = pack(models)
+def sgd_stepper(models, objectives, lrs, mode="vmap"):
+    packed = pack(models, mode)
     opts = [torch.optim.SGD(param_groups(m, o), lr=lr, momentum=0.9, weight_decay=5e-4)
             for m, o, lr in zip(packed.models, objectives, lrs)]
     return packed, PackedStep(packed, objectives, opts, [None] * len(models))
 
 
-def run_pack(models, objectives, data, lrs=(0.1, 0.05, 0.02)):
-    packed, stepper = sgd_stepper([copy.deepcopy(m) for m in models], objectives, lrs)
+def run_pack(models, objectives, data, lrs=(0.1, 0.05, 0.02), mode="vmap"):
+    packed, stepper = sgd_stepper([copy.deepcopy(m) for m in models], objectives, lrs, mode)
     losses = [stepper.step(x, y, step=t).losses for t, (x, y) in enumerate(data)]
     return packed, stepper, losses
 
 
-def test_nonfinite_scores_freeze_one_run_and_leave_the_others_bit_identical(float64_default):
+@pytest.mark.parametrize("mode", ["vmap", "loop"])
+def test_nonfinite_scores_freeze_one_run_and_leave_the_others_bit_identical(float64_default, mode):
     torch.manual_seed(0)
     models = [resnet18(2, IMAGE) for _ in range(3)]
     poisoned = copy.deepcopy(models)
@@ -187,8 +213,8 @@ def test_nonfinite_scores_freeze_one_run_and_leave_the_others_bit_identical(floa
     before = {k: v.clone() for k, v in poisoned[1].state_dict().items()}
     data = [(torch.randn(3, 4, *IMAGE), torch.tensor([[0, 1, 1, 0]] * 3)) for _ in range(2)]
     ce = lambda: [NaNAfter(10**9) for _ in range(3)]   # noqa: E731 -- plain CE
-    healthy, _, healthy_losses = run_pack(models, ce(), data)
-    sick, stepper, sick_losses = run_pack(poisoned, ce(), data)
+    healthy, _, healthy_losses = run_pack(models, ce(), data, mode=mode)
+    sick, stepper, sick_losses = run_pack(poisoned, ce(), data, mode=mode)
     assert stepper.diverged == [False, True, False]
     assert stepper.divergences[1].step == 1 and "non-finite" in stepper.divergences[1].reason
     for t in range(2):

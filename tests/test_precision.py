@@ -93,3 +93,19 @@ def test_configs_from_before_the_new_keys_are_no_difference(compose_cfg):
     assert config_differences(old, new) == {}
     changed = {**new, "trainer": {**new["trainer"], "precision": "bf16"}}
     assert config_differences(old, changed) == {"trainer.precision": ["fp32", "bf16"]}
+
+
+def test_device_statistics_accumulate_in_place_and_keep_their_order():
+    """Tensor values go into one persistent [sum, count] tensor per key (what a replayed CUDA
+    graph adds into); pop_stats reads, zeroes in place, and keeps the first-recorded order."""
+    from objectives.base import Objective
+    obj = Objective()
+    obj.record(a=torch.tensor(1.0), b=2.0)
+    obj.record_where(torch.tensor(False), c=torch.tensor(5.0))
+    obj.record(a=torch.tensor(3.0), b=4.0)
+    acc = obj._stat_device["a"]
+    assert obj.pop_stats() == {"a": 2.0, "b": 3.0}           # c: recorded in no batch
+    assert obj._stat_device["a"] is acc and not acc.any()    # same tensor, zeroed
+    obj.record_where(torch.tensor(True), c=torch.tensor(5.0))
+    obj.record(a=torch.tensor(0.5))
+    assert list(obj.pop_stats().items()) == [("a", 0.5), ("c", 5.0)]
