@@ -107,6 +107,13 @@ class AUCLoss(PairwiseRampLP):
             raise ValueError(f"pair_layout must be one of {PAIR_LAYOUTS}; got {pair_layout!r}")
         self.pair_layout = pair_layout
 
+    @property
+    def capturable(self) -> bool:
+        """Dense pairs with the capture-safe solver or the closed form: no host sync anywhere
+        (``tests/test_auc_dense_pairs.py``)."""
+        return self.pair_layout == "dense" and (self.method == "closed_form"
+                                                or bool(self.solver_options.get("capture_safe")))
+
     def dense_pairs(self, logits: torch.Tensor, labels: torch.Tensor):
         """All ``B x B`` ordered pairs (row-major, so the (positive, negative) pairs keep
         :meth:`pairs`' order), weight ``1/(|X+||X-|)`` on those and 0 elsewhere."""

@@ -37,6 +37,9 @@ class Objective(nn.Module):
     tasks: tuple[str, ...] = ("binary", "multiclass")
     #: the smallest batch that can carry a training signal (pairs need two samples)
     min_batch_size: int = 1
+    #: whether forward, backward and hooks make no host sync and keep no Python state that a
+    #: replayed CUDA graph would freeze (``packed.graph.GraphedStep`` captures only such packs)
+    capturable: bool = False
 
     def __init__(self) -> None:
         super().__init__()
@@ -76,7 +79,7 @@ class Objective(nn.Module):
         for key, value in values.items():
             self._stat_order.setdefault(key)
             value = value.detach().reshape(()).double() if isinstance(value, torch.Tensor) else \
-                torch.tensor(float(value), dtype=torch.float64, device=cond.device)
+                torch.full((), float(value), dtype=torch.float64, device=cond.device)   # no copy
             self._add_on_device(key, value, cond)
 
     def _add_on_device(self, key: str, value: torch.Tensor, cond: torch.Tensor | None) -> None:

@@ -17,6 +17,8 @@ class CrossEntropy(Objective):
         0.6931
     """
 
+    capturable = True   # one kernel chain, no host reads, no hooks
+
     def __init__(self, label_smoothing: float = 0.0) -> None:
         super().__init__()
         self.label_smoothing = label_smoothing

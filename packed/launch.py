@@ -44,6 +44,12 @@ run's train labels are range-checked once when its pack starts, not per batch
 (:func:`objectives.common.labels_checked`). The numbers are the eager mode's (tested equal);
 only a diverged run's weights after its divergence step differ (see :mod:`packed.step`).
 
+CUDA graphs. ``cuda_graph=True`` (``hydra.launcher.cuda_graph=true``) replays each pack whose
+runs can all be captured (``ce``, ``objective=auc_lp_capture``; SGD) from a CUDA graph
+(:class:`packed.graph.GraphedStep`); other packs step eagerly and the log says why. Off by
+default until a GPU run has measured it in the launcher (the captured step itself was checked on
+an H100: ``results/packed_bench/gpu_h100/``).
+
 Limits: ``resume=true`` is refused (resume a packed run's folder with ``train.py resume=true``:
 its ``last.pt`` holds the run's own RNG state); all runs of a pack stop at the same
 ``trainer.max_steps``; each run holds its own copy of its splits on the device (runs of one
@@ -72,6 +78,7 @@ from data.stream import BatchStream
 from runfolder import _flatten
 from guards import DegenerateBatchesError
 from objectives.common import labels_checked
+from packed.graph import GraphedStep, capturable
 from packed.model import pack
 from packed.step import Divergence, PackedStep
 
@@ -144,12 +151,12 @@ def _describe(keys: list[dict[str, Any]], packs: list[list[int]], differing: lis
 
 
 def train_packed(jobs: list[Job], max_pack: int | None = None, deadline: float | None = None,
-                 sync_free: bool | None = None) -> list[Any]:
+                 sync_free: bool | None = None, cuda_graph: bool = False) -> list[Any]:
     """Train ``jobs`` as packs; returns per job its ``results.json`` dict or the exception that
     stopped its preparation (bad config, missing data, an optimizer that cannot be built), in
     the jobs' order; the other jobs run (as under Hydra's basic launcher, the multirun then
     exits with the first failed job's error). ``deadline``, ``sync_free`` (``None``: on for
-    packs on CUDA): see the module docstring."""
+    packs on CUDA), ``cuda_graph``: see the module docstring."""
     outcomes: list[Any] = [None] * len(jobs)
     members: dict[int, _Member] = {}
     for i, job in enumerate(jobs):
@@ -189,7 +196,7 @@ def train_packed(jobs: list[Job], max_pack: int | None = None, deadline: float |
         pack_members = [members[order[j]] for j in p]
         oom = None
         try:
-            for i, results in zip(p, _train_pack(pack_members, deadline, sync_free)):
+            for i, results in zip(p, _train_pack(pack_members, deadline, sync_free, cuda_graph)):
                 outcomes[order[i]] = results
         except torch.OutOfMemoryError as err:
             if any(m.run.rows for m in pack_members):   # evaluated already: not restartable
@@ -245,6 +252,18 @@ def _draw(members: list[_Member], device: torch.device) -> tuple[torch.Tensor, t
     return torch.stack(xs).to(device), torch.stack(ys).to(device)
 
 
+def _runner(stepper: PackedStep, cuda_graph: bool, device: torch.device, n: int):
+    """The pack's stepper, or its CUDA-graph replay (:mod:`packed.graph`) where asked and possible."""
+    if not cuda_graph:
+        return stepper
+    why = "not on CUDA" if device.type != "cuda" else capturable(stepper)
+    if why:
+        log.warning(f"pack of {n}: no CUDA graph ({why}); eager steps")
+        return stepper
+    log.info(f"pack of {n}: steps replayed from a CUDA graph")
+    return GraphedStep(stepper)
+
+
 def _check_train_labels(m: _Member) -> None:
     """The range check :func:`objectives.common.check_labels` makes per batch, once for the
     whole train split (the sync-free step skips the per-batch one)."""
@@ -296,7 +315,7 @@ def _evaluate(m: _Member, i: int, step: int, stepper: PackedStep, times: dict) -
 
 
 def _train_pack(members: list[_Member], deadline: float | None = None,
-                sync_free: bool | None = None) -> list[dict[str, Any]]:
+                sync_free: bool | None = None, cuda_graph: bool = False) -> list[dict[str, Any]]:
     runs = [m.run for m in members]
     n, max_steps, device = len(runs), runs[0].cfg.trainer.max_steps, runs[0].device
     sync_free = device.type == "cuda" if sync_free is None else bool(sync_free)
@@ -314,6 +333,7 @@ def _train_pack(members: list[_Member], deadline: float | None = None,
     stepper = PackedStep(packed, [r.objective for r in runs], [r.optimizer for r in runs],
                          [r.scheduler for r in runs], [r.cfg.trainer.max_grad_norm for r in runs],
                          sync_free=sync_free, autocast=autocast_dtype(runs[0].cfg))
+    runner = _runner(stepper, cuda_graph, device, n)
     times: dict[str, list[float]] = {"data": [], "step": []}
     stopped = None
     loss_log = _LossLog()
@@ -337,7 +357,7 @@ def _train_pack(members: list[_Member], deadline: float | None = None,
             x, y = _draw(members, device)
             t1 = time.perf_counter()
             was_frozen = set(stepper.divergences)
-            losses = stepper.step(x, y, step).losses
+            losses = runner.step(x, y, step).losses
             times["data"].append(1000 * (t1 - t0))
             times["step"].append(1000 * (time.perf_counter() - t1))
             due = [i for i, m in enumerate(members)

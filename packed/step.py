@@ -96,6 +96,9 @@ class PackedStep:
     #: non-finite, on the device until :meth:`poll` reads them
     pending: torch.Tensor | None = None
     pending_numel: int = field(default=0, repr=False)
+    #: a 0-dim int64 device tensor holding ``step + 1``, set by a caller that replays the step
+    #: from a CUDA graph (where a Python ``step`` would be frozen at capture); ``None``: use ``step``
+    step_counter: torch.Tensor | None = field(default=None, repr=False)
     _frozen_mask: tuple | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -137,14 +140,16 @@ class PackedStep:
                 new.append(i)
         return new
 
-    def step(self, x: torch.Tensor, y: torch.Tensor, step: int) -> StepOutput:
+    def step(self, x: torch.Tensor, y: torch.Tensor, step: int, schedule: bool = True) -> StepOutput:
         """Train every live run one step on its batch ``(x[i], y[i])``; returns the losses
-        ``[N]`` (NaN for frozen runs) and the logits ``[N, B, K]``, both detached."""
+        ``[N]`` (NaN for frozen runs) and the logits ``[N, B, K]``, both detached.
+        ``schedule=False`` leaves the schedulers to the caller (:class:`packed.graph.GraphedStep`
+        steps them on the host, outside a captured graph)."""
         packed, n = self.packed, self.packed.n
         if y.shape[:1] != (n,):
             raise ValueError(f"labels must be [N={n}, B]; got {tuple(y.shape)}")
         if self.sync_free:
-            return self._step_sync_free(x, y, step)
+            return self._step_sync_free(x, y, step, schedule)
         saved = {k: b.clone() for k, b in packed.buffers.items()}   # to freeze diverging runs
         logits = self._forward(x)
         live: list[int] = []
@@ -181,13 +186,21 @@ class PackedStep:
             if self.max_grad_norm[i]:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), self.max_grad_norm[i])
             self.optimizers[i].step()
-            if self.schedulers[i] is not None:
+            if self.schedulers[i] is not None and schedule:
                 self.schedulers[i].step()
             self.objectives[i].on_step_end(step=step, model=model, optimizer=self.optimizers[i],
                                            batch=(x[i], y[i]))
         return StepOutput(torch.stack([loss.detach() for loss in losses]), logits.detach())
 
-    def _step_sync_free(self, x: torch.Tensor, y: torch.Tensor, step: int) -> StepOutput:
+    def frozen_mask(self, device: torch.device) -> torch.Tensor:
+        """``[N]`` bool on ``device``: the runs frozen on the host; rebuilt (one small
+        host-to-device copy) only when the frozen set changed."""
+        frozen = frozenset(self.divergences)
+        if self._frozen_mask is None or self._frozen_mask[0] != frozen or self._frozen_mask[1].device != device:
+            self._frozen_mask = (frozen, torch.tensor([i in frozen for i in range(self.packed.n)], device=device))
+        return self._frozen_mask[1]
+
+    def _step_sync_free(self, x: torch.Tensor, y: torch.Tensor, step: int, schedule: bool = True) -> StepOutput:
         """:meth:`step` without a host sync (see the module docstring). Frozen runs are known on
         the host (from :meth:`poll`) and masked on the device by a mask built at the poll."""
         packed, n = self.packed, self.packed.n
@@ -197,10 +210,7 @@ class PackedStep:
         dev = logits.device
         if self.pending is None or self.pending.device != dev:
             self.pending = torch.zeros(n, 3, dtype=torch.long, device=dev)
-        if self._frozen_mask is None or self._frozen_mask[0] != frozen or self._frozen_mask[1].device != dev:
-            # rebuilt (one small host-to-device copy) only when the frozen set changed
-            self._frozen_mask = (frozenset(frozen), torch.tensor([i in frozen for i in range(n)], device=dev))
-        frozen_mask = self._frozen_mask[1]
+        frozen_mask = self.frozen_mask(dev)
         bad_scores = (~torch.isfinite(logits)).flatten(1).sum(1)                   # [N]
         ok_scores = bad_scores == 0
         self.pending_numel = logits[0].numel()
@@ -213,7 +223,9 @@ class PackedStep:
         ok = ok_scores & torch.isfinite(losses) & ~frozen_mask
         first = ~ok & ~frozen_mask & (self.pending[:, 0] == 0)
         loss_code = torch.where(torch.isnan(losses), 1, torch.where(losses > 0, 2, 3))
-        record = torch.stack([torch.full_like(self.pending[:, 0], step + 1),
+        at = (torch.full_like(self.pending[:, 0], step + 1) if self.step_counter is None
+              else self.step_counter.expand(n))   # a graph replays a device step number
+        record = torch.stack([at,
                               torch.where(ok_scores, loss_code, 0), bad_scores], 1)
         self.pending.copy_(torch.where(first[:, None], record, self.pending))
         packed.zero_grad()
@@ -234,7 +246,7 @@ class PackedStep:
             if self.max_grad_norm[i]:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), self.max_grad_norm[i])
             self.optimizers[i].step()
-            if self.schedulers[i] is not None:
+            if self.schedulers[i] is not None and schedule:
                 self.schedulers[i].step()
             self.objectives[i].on_step_end(step=step, model=model, optimizer=self.optimizers[i],
                                            batch=(x[i], y[i]))

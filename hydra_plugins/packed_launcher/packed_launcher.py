@@ -14,7 +14,9 @@ Hydra imports every plugin at start-up.
 No ``from __future__ import annotations`` here: Hydra execs plugin modules outside
 ``sys.modules``, where dataclasses cannot resolve string annotations.
 
-Options: ``hydra.launcher.max_pack`` (default null = no limit): at most this many runs per pack.
+Options: ``hydra.launcher.max_pack`` (default null = no limit): at most this many runs per pack;
+``hydra.launcher.cuda_graph`` (default false): replay capturable packs from a CUDA graph
+(:mod:`packed.graph`; packs that cannot be captured run eagerly and the log says why).
 """
 
 import logging
@@ -37,6 +39,7 @@ log = logging.getLogger(__name__)
 class PackedLauncherConf:
     _target_: str = "hydra_plugins.packed_launcher.packed_launcher.PackedLauncher"
     max_pack: Optional[int] = None   # null: one pack per compatible group, however large
+    cuda_graph: bool = False         # true: CUDA-graph replay of capturable packs (packed/graph.py)
 
 
 ConfigStore.instance().store(group="hydra/launcher", name="packed", node=PackedLauncherConf,
@@ -44,10 +47,10 @@ ConfigStore.instance().store(group="hydra/launcher", name="packed", node=PackedL
 
 
 class PackedLauncher(Launcher):
-    def __init__(self, max_pack: Optional[int] = None) -> None:
+    def __init__(self, max_pack: Optional[int] = None, cuda_graph: bool = False) -> None:
         if max_pack is not None and max_pack < 1:
             raise ValueError(f"hydra.launcher.max_pack={max_pack}: give a positive pack size or null")
-        self.max_pack = max_pack
+        self.max_pack, self.cuda_graph = max_pack, bool(cuda_graph)
         self.config: Optional[DictConfig] = None
         self.hydra_context: Optional[HydraContext] = None
         self.task_function: Optional[TaskFunction] = None
@@ -88,7 +91,7 @@ class PackedLauncher(Launcher):
             jobs.append(recorded.get("job"))
             configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
         ready = [i for i, job in enumerate(jobs) if job is not None]   # others failed in run_job
-        outcomes = train_packed([jobs[i] for i in ready], max_pack=self.max_pack)
+        outcomes = train_packed([jobs[i] for i in ready], max_pack=self.max_pack, cuda_graph=self.cuda_graph)
         for i, outcome in zip(ready, outcomes):
             if isinstance(outcome, Exception):
                 returns[i].status, returns[i].return_value = JobStatus.FAILED, outcome

@@ -1,0 +1,126 @@
+r"""A pack's training step replayed from a captured CUDA graph: :class:`GraphedStep` (issue 9 item 4).
+
+Why. On an H100 the sync-free packed step of 24 ResNet-18 runs (``ce``) takes 90.9 ms eager and
+35.0 ms as a graph replay, with equal results (``results/packed_bench/gpu_h100/``): the eager step
+is bound by the host launching ~10^4 small kernels, which a replay does not do.
+
+What is captured: one :meth:`packed.PackedStep.step` in sync-free mode with ``schedule=False``, on
+static input buffers. What stays on the host, every step: copying the batch into those buffers,
+the replay, copying the losses out, and each live run's ``scheduler.step()``. The divergence step
+number is a device scalar set before each replay (:attr:`PackedStep.step_counter`).
+
+When it recaptures: a captured graph freezes every Python decision of the step, so the graph is
+rebuilt (before the next step) whenever one of them changes. That happens when a learning rate
+changes: SGD's lr is a Python float baked into the kernels, and a scheduler milestone changes
+it. It also happens when the frozen set changes (:meth:`PackedStep.poll` found a divergence).
+With the paper's schedule that is four captures per run.
+
+What may be captured: packs whose objectives are all ``capturable`` (``ce``; ``auc_lp`` with
+``pair_layout=dense`` and the capture-safe solver, i.e. ``objective=auc_lp_capture``) and whose
+optimizers are plain ``torch.optim.SGD`` (:func:`capturable`). PPD-SG / PPD-AdaGrad keep stage
+logic on the host and run eager. The first ``warmup`` steps run eagerly on a side stream
+(optimizer state, cuDNN's choices, the allocator), as ``torch.cuda.graph`` requires; they are
+real training steps.
+
+Status: the capture of this very step (``ce`` + SGD, 3 replays equal to 3 eager steps, max
+parameter difference 0.0) was checked on an H100 (``scripts/check_packed_device.py``); the
+recapture logic is tested on the CPU with a stand-in for the graph
+(``tests/test_packed_graph.py``). The launcher uses it only when asked
+(``train_packed(cuda_graph=True)``, ``hydra.launcher.cuda_graph=true``) until a GPU run has
+measured it end to end.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from packed.step import PackedStep, StepOutput
+
+
+def capturable(stepper: PackedStep) -> str:
+    """Why ``stepper``'s step cannot be captured ("" if it can)."""
+    if not stepper.sync_free:
+        return "the step is not sync-free (PackedStep(sync_free=True))"
+    for i, (obj, opt) in enumerate(zip(stepper.objectives, stepper.optimizers)):
+        if not getattr(obj, "capturable", False):
+            return (f"run {i}'s objective {type(obj).__name__} is not capturable (ce and "
+                    "objective=auc_lp_capture are)")
+        if type(opt) is not torch.optim.SGD:
+            return f"run {i}'s optimizer {type(opt).__name__} is not plain torch.optim.SGD"
+    return ""
+
+
+class CudaGraph:
+    """``torch.cuda.graph`` around one call of ``fn``; ``output`` holds its (static) result."""
+
+    def __init__(self, fn: Callable[[], Any], device: torch.device) -> None:
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.output = fn()
+
+    def replay(self) -> None:
+        self.graph.replay()
+
+
+class GraphedStep:
+    """Steps a sync-free :class:`PackedStep` by CUDA-graph replay; see the module docstring.
+
+    ``make_graph(fn, device)`` builds the graph (default :class:`CudaGraph`; tests pass a stand-in
+    that calls ``fn`` on every replay). :attr:`captures` counts the captures made.
+    """
+
+    def __init__(self, stepper: PackedStep, warmup: int = 3,
+                 make_graph: Callable[[Callable[[], Any], torch.device], Any] = CudaGraph) -> None:
+        why = capturable(stepper)
+        if why:
+            raise ValueError(f"this pack cannot be captured: {why}")
+        self.stepper, self.warmup, self.make_graph = stepper, int(warmup), make_graph
+        self.graph, self.key, self.captures, self.eager_steps = None, None, 0, 0
+        self.x = self.y = None
+
+    def _key(self) -> tuple:
+        return (frozenset(self.stepper.divergences),
+                tuple(g["lr"] for opt in self.stepper.optimizers for g in opt.param_groups))
+
+    def _eager(self, x: torch.Tensor, y: torch.Tensor, step: int) -> StepOutput:
+        """A real step, eagerly, on a side stream (what ``torch.cuda.graph`` wants before a capture)."""
+        if x.device.type != "cuda":
+            return self.stepper.step(x, y, step, schedule=False)
+        main = torch.cuda.current_stream(x.device)
+        side = torch.cuda.Stream(x.device)
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            out = self.stepper.step(x, y, step, schedule=False)
+        main.wait_stream(side)
+        return out
+
+    def step(self, x: torch.Tensor, y: torch.Tensor, step: int) -> StepOutput:
+        st = self.stepper
+        if self.eager_steps < self.warmup:
+            out = self._eager(x, y, step)
+            self.eager_steps += 1
+            self._schedule()
+            return out
+        if self.graph is None or self.key != self._key():
+            self.graph = None   # the old graph's memory goes before the new one is taken
+            self.x, self.y = x.clone(), y.clone()
+            st.frozen_mask(x.device)   # built outside the capture (a host-to-device copy)
+            st.step_counter = torch.zeros((), dtype=torch.long, device=x.device)
+            self.key = self._key()
+            self.graph = self.make_graph(lambda: st.step(self.x, self.y, step, schedule=False), x.device)
+            self.captures += 1
+        else:
+            self.x.copy_(x)
+            self.y.copy_(y)
+        st.step_counter.fill_(step + 1)
+        self.graph.replay()
+        out = self.graph.output
+        self._schedule()
+        return StepOutput(out.losses.clone(), out.logits)
+
+    def _schedule(self) -> None:
+        for i, sched in enumerate(self.stepper.schedulers):
+            if sched is not None and i not in self.stepper.divergences:
+                sched.step()
