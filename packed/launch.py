@@ -182,8 +182,8 @@ def train_packed(jobs: list[Job], max_pack: int | None = None, deadline: float |
     devices = {str(m.run.device) for m in members.values()}
     if devices == {"cpu"}:
         log.warning("packed launcher: no CUDA device in use; the packs run on the CPU, where a "
-                    "packed step costs 1.2-1.9x the separate steps (results/packed_bench/): packing is "
-                    "meant for GPUs")
+                    "packed step costs 1.1-1.2x the separate steps (results/packed_bench/cpu_loop_mode/): "
+                    "packing is meant for GPUs")
     queue = list(packs)
     while queue:
         p = queue.pop(0)

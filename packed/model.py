@@ -3,7 +3,10 @@ r"""N independent copies of one network computed together: :func:`pack`, :func:`
 Storage. Every parameter and buffer of the N models is stacked into one tensor ``[N, ...]``
 (``PackedModels.params`` / ``.buffers``, keyed by the models' ``state_dict`` names). The packed
 forward is ``torch.func.vmap`` of ``torch.func.functional_call`` over that storage and over the
-inputs ``x [N, B, ...]``; it returns logits ``[N, B, K]``. ``PackedModels.models[i]`` is a true
+inputs ``x [N, B, ...]`` on CUDA (``mode="vmap"``); on the CPU (``mode="loop"``, :data:`MODES`)
+each model runs ``functional_call`` on its own rows of the storage, one after another, because
+oneDNN's grouped convolutions are slower there than N plain ones (below); either way it returns
+logits ``[N, B, K]`` and one backward serves the pack. ``PackedModels.models[i]`` is a true
 copy of model ``i``'s class (a torchvision ResNet-18, the project's MLP) whose parameters and
 buffers *alias* row ``i`` of the storage: its optimizer, gradient clipping, objective hooks
 (PPD-SG's :math:`\alpha` reset calls ``model(x)`` in eval mode) and evaluation act on the packed
@@ -29,8 +32,8 @@ Why ``torch.func`` and not a hand-written grouped-convolution ResNet:
   (``python -m packed.speed --profile``, N=8: backward 2.39 s vs 1.68 s, forward 0.76 s vs
   0.50 s; the layout copies are ~11 % of the extra), so the CPU ratio grows with N (1.40x at N=8,
   1.85x at N=24, ``results/packed_bench/``). On an H100 packing paid off from N=8 (0.66x) and
-  N=24 (0.37x). A per-model convolution on the CPU behind the same storage and API is the fix
-  there, if the CPU ever matters for packing.
+  N=24 (0.37x). Hence the CPU's ``loop`` mode: the per-model kernels behind the same storage and
+  API (``results/packed_bench/cpu_loop_mode/``).
 * BatchNorm running statistics are exact: the running mean / var / ``num_batches_tracked`` of all
   models are passed to ``functional_call`` stacked (``in_dims=0``), so the in-place momentum
   update inside ``vmap`` writes each model's own row, with the same formula as the single model
@@ -177,8 +180,12 @@ class PackedModels:
         return functional_call(self._skeleton, (params, buffers), (x,), strict=True)
 
     def _loop(self, x: torch.Tensor) -> torch.Tensor:
-        """The models one after another on their rows of the storage (the CPU's mode)."""
-        return torch.stack([self._one({k: v[i] for k, v in self.params.items()},
+        """The models one after another on their rows of the storage (the CPU's mode). The rows
+        come from ``unbind`` (one backward node per stacked tensor, which stacks the N row
+        gradients once), not from ``v[i]``: each of those would scatter its gradient into a
+        zero tensor of the whole stack, N times the parameter memory per model."""
+        params = {k: v.unbind(0) for k, v in self.params.items()}
+        return torch.stack([self._one({k: rows[i] for k, rows in params.items()},
                                       {k: v[i] for k, v in self.buffers.items()}, x[i])
                             for i in range(self.n)])
 
