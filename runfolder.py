@@ -46,6 +46,7 @@ ALLOWED_ON_RESUME = (
     "trainer.eval_every",         # evaluate more or less often (no effect on the trajectory)
     "trainer.log_every", "trainer.eval_batch_size",
     "trainer.init_from",          # ignored on resume (the run has its own weights)
+    "trainer.checkpoints",        # whether checkpoints are written (no effect on the trajectory)
     "logger",                     # where rows are mirrored
     "device",                     # same run on another card (bit-identity then not guaranteed)
     "dataset.root", "dataset.cache_dir", "dataset.download",   # where the same data lives
@@ -150,6 +151,8 @@ ADDED_DEFAULTS = {
     "trainer.eval_bn": "eval",     # BatchNorm-train evaluation option (issue 12); before it: eval()
     "trainer.precision": "fp32",   # bf16 autocast option (issue 9); before it: float32
     "trainer.checkpoints": True,   # checkpoint-free runs (issue 9); before it: always written
+    "objective.pair_layout": "masked",   # dense AUC pairs (issue 9); before it: masked (objectives
+                                         # without the key get it on both sides: no difference)
 }
 
 

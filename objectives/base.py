@@ -66,7 +66,7 @@ class Objective(nn.Module):
         for key, value in values.items():
             self._stat_order.setdefault(key)
             if isinstance(value, torch.Tensor):
-                self._add_on_device(key, value.detach().reshape(()).double(), None)
+                self._add_on_device(key, value.detach().reshape(()), None)
             else:
                 self._stat_sums[key] += float(value)
                 self._stat_counts[key] += 1
@@ -78,15 +78,20 @@ class Objective(nn.Module):
         cond = cond.detach().reshape(())
         for key, value in values.items():
             self._stat_order.setdefault(key)
-            value = value.detach().reshape(()).double() if isinstance(value, torch.Tensor) else \
-                torch.full((), float(value), dtype=torch.float64, device=cond.device)   # no copy
+            value = value.detach().reshape(()) if isinstance(value, torch.Tensor) else \
+                torch.full((), float(value), device=cond.device)   # a fill, not a host copy
             self._add_on_device(key, value, cond)
 
     def _add_on_device(self, key: str, value: torch.Tensor, cond: torch.Tensor | None) -> None:
         acc = self._stat_device.get(key)
+        dtype = torch.float32 if value.device.type == "mps" else torch.float64   # MPS has no float64
+        value = value.to(dtype)
         if acc is None or acc.device != value.device:
-            acc = self._stat_device[key] = torch.zeros(2, dtype=torch.float64, device=value.device)
-        one = torch.ones((), dtype=torch.float64, device=value.device)
+            if acc is not None:
+                raise RuntimeError(f"statistic {key!r} was recorded on {acc.device} and now on "
+                                   f"{value.device}: call pop_stats() before moving the objective")
+            acc = self._stat_device[key] = torch.zeros(2, dtype=dtype, device=value.device)
+        one = torch.ones((), dtype=dtype, device=value.device)
         if cond is None:
             acc.add_(torch.stack([value, one]))
         else:
@@ -94,7 +99,7 @@ class Objective(nn.Module):
 
     def pop_stats(self) -> dict[str, float]:
         sums, counts = dict(self._stat_sums), {k: float(c) for k, c in self._stat_counts.items()}
-        if self._stat_device:   # one read per device, then zeroed in place (graph replays add here)
+        if self._stat_device:   # read once here, then zeroed in place (graph replays add here)
             keys = list(self._stat_device)
             for key, (total, count) in zip(keys, torch.stack([self._stat_device[k].cpu() for k in keys]).tolist()):
                 sums[key], counts[key] = sums.get(key, 0.0) + total, counts.get(key, 0.0) + count

@@ -156,9 +156,12 @@ class PairwiseRampLP(Objective):
         vals = torch.stack([stats[key].float() for _, key in DEVICE_STATS])
         if self._lp_sums is None or self._lp_sums.device != vals.device:
             self._lp_sums = torch.zeros(len(DEVICE_STATS) + 1, device=vals.device)
-        weight = torch.ones((), device=vals.device) if when is None else when.float()
-        self._lp_sums[:-1].add_(vals * weight)
-        self._lp_sums[-1:].add_(weight)
+        if when is None:
+            self._lp_sums[:-1].add_(vals)
+            self._lp_sums[-1:].add_(1.0)
+        else:   # where, not a product: a non-finite stat of a skipped solve must not leak (0 * inf)
+            self._lp_sums[:-1].add_(torch.where(when, vals, 0.0))
+            self._lp_sums[-1:].add_(when.float())
 
     def pop_stats(self) -> dict[str, float]:
         out = super().pop_stats()

@@ -76,13 +76,19 @@ class GraphedStep:
         why = capturable(stepper)
         if why:
             raise ValueError(f"this pack cannot be captured: {why}")
+        if int(warmup) < 1:   # state created inside a capture would be re-created by every replay
+            raise ValueError(f"warmup={warmup}: at least one eager step must build the optimizer "
+                             "state, the device flags and the statistics before a capture")
         self.stepper, self.warmup, self.make_graph = stepper, int(warmup), make_graph
         self.graph, self.key, self.captures, self.eager_steps = None, None, 0, 0
         self.x = self.y = None
 
     def _key(self) -> tuple:
+        """What a capture freezes: the frozen set and every scalar hyperparameter of every
+        param group (lr, momentum, weight decay, ...: Python numbers baked into the kernels)."""
         return (frozenset(self.stepper.divergences),
-                tuple(g["lr"] for opt in self.stepper.optimizers for g in opt.param_groups))
+                tuple((k, v) for opt in self.stepper.optimizers for g in opt.param_groups
+                      for k, v in sorted(g.items()) if k != "params" and isinstance(v, (int, float, bool))))
 
     def _eager(self, x: torch.Tensor, y: torch.Tensor, step: int) -> StepOutput:
         """A real step, eagerly, on a side stream (what ``torch.cuda.graph`` wants before a capture)."""
@@ -118,7 +124,7 @@ class GraphedStep:
         self.graph.replay()
         out = self.graph.output
         self._schedule()
-        return StepOutput(out.losses.clone(), out.logits)
+        return StepOutput(out.losses.clone(), out.logits.clone())   # the graph's outputs are overwritten
 
     def _schedule(self) -> None:
         for i, sched in enumerate(self.stepper.schedulers):

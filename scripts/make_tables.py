@@ -60,6 +60,7 @@ IGNORED = (  # config keys (and their sub-keys) that never define a protocol
     "dataset.root", "dataset.cache_dir", "dataset.download",   # where the data files live
     "trainer.eval_batch_size", "trainer.num_workers", "trainer.log_every",  # speed, progress bar
     "trainer.eval_every",       # when val/test are measured; the last eval is at max_steps anyway
+    "trainer.checkpoints",      # whether best.pt / last.pt were written
 )
 COLUMN_PREFIXES = ("dataset.", "model.")  # may differ between columns, not inside one
 LR_KEY = "optimizer.lr"

@@ -152,3 +152,13 @@ def test_launcher_with_graph_replay_writes_the_eager_metrics(compose_cfg, tmp_pa
         eager = pd.read_csv(tmp_path / "eager" / k / "metrics.csv")
         for tag in ("fallback", "graph"):
             pd.testing.assert_frame_equal(eager, pd.read_csv(tmp_path / tag / k / "metrics.csv"), check_exact=True)
+
+
+def test_no_capture_without_a_warm_up_step_and_hyperparameters_key_the_graph(float64_default):
+    _, st = make_pack(objectives())
+    with pytest.raises(ValueError, match="warmup=0"):
+        GraphedStep(st, warmup=0)
+    graphed = GraphedStep(st, warmup=1, make_graph=StandIn)
+    key = graphed._key()
+    st.optimizers[0].param_groups[0]["momentum"] = 0.5   # e.g. a cyclic momentum schedule
+    assert graphed._key() != key

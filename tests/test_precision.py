@@ -109,3 +109,11 @@ def test_device_statistics_accumulate_in_place_and_keep_their_order():
     obj.record_where(torch.tensor(True), c=torch.tensor(5.0))
     obj.record(a=torch.tensor(0.5))
     assert list(obj.pop_stats().items()) == [("a", 0.5), ("c", 5.0)]
+
+
+def test_an_auc_lp_config_from_before_pair_layout_resumes(compose_cfg):
+    new = OmegaConf.to_container(compose_cfg(["objective=auc_lp"]), resolve=True)
+    old = {**new, "objective": {k: v for k, v in new["objective"].items() if k != "pair_layout"}}
+    assert config_differences(old, new) == {}
+    checkpoints_off = {**new, "trainer": {**new["trainer"], "checkpoints": False}}
+    assert config_differences(new, checkpoints_off) == {}   # allowed on resume
