@@ -72,7 +72,8 @@ class PairwiseRampLP(Objective):
         solver: extra keyword options for ``solver.solve_lp`` (tolerances, iterations, ...).
             ``solver={"capture_safe": True}`` takes the solver's capture-safe path (fixed
             iteration counts, no host sync: :mod:`solver.capture`); the solver diagnostics
-            are then summed on the device and read once, by :meth:`pop_stats`.
+            are then summed on the device and read once, by :meth:`pop_stats`
+            (:meth:`objectives.base.Objective.record` of tensors).
     """
 
     min_batch_size = 2  # a pair needs two samples
@@ -86,7 +87,6 @@ class PairwiseRampLP(Objective):
         self.method = method
         self.backward = check_backward(backward)
         self.solver_options = check_solver_options(solver)
-        self._lp_sums: torch.Tensor | None = None   # capture_safe: device sums + count
 
     def pairs(self, logits: torch.Tensor, labels: torch.Tensor):
         """Return ``(d [M], w [M])`` -- margins and weights summing to one -- or ``None`` when the
@@ -142,35 +142,17 @@ class PairwiseRampLP(Objective):
         tensor): record the solver's diagnostics only if it holds."""
         z, sol = ramp_lp(d, self.epsilon, method=self.method, backward=self.backward,
                          options=self.solver_options)
-        if sol is not None and self.solver_options.get("capture_safe"):
-            self._record_on_device(sol.stats, when)
-        elif sol is not None and when is not None:
-            self.record_where(when, **solver_stats(sol))
-        elif sol is not None:
-            self.record(**solver_stats(sol))
-        return z
-
-    def _record_on_device(self, stats, when: torch.Tensor | None = None) -> None:
-        """Add this solve's diagnostics to a device buffer in place (no host sync; an in-place
-        add is also what a replayed CUDA graph repeats); weighted by ``when`` if given."""
-        vals = torch.stack([stats[key].float() for _, key in DEVICE_STATS])
-        if self._lp_sums is None or self._lp_sums.device != vals.device:
-            self._lp_sums = torch.zeros(len(DEVICE_STATS) + 1, device=vals.device)
+        if sol is None:
+            return z
+        # capture_safe: the device tensors themselves (Objective.record sums them in place on
+        # the device, read once by pop_stats); else solver_stats' host floats
+        stats = ({name: sol.stats[key].float().mean() for name, key in DEVICE_STATS}
+                 if self.solver_options.get("capture_safe") else solver_stats(sol))
         if when is None:
-            self._lp_sums[:-1].add_(vals)
-            self._lp_sums[-1:].add_(1.0)
-        else:   # where, not a product: a non-finite stat of a skipped solve must not leak (0 * inf)
-            self._lp_sums[:-1].add_(torch.where(when, vals, 0.0))
-            self._lp_sums[-1:].add_(when.float())
-
-    def pop_stats(self) -> dict[str, float]:
-        out = super().pop_stats()
-        if self._lp_sums is not None:
-            *sums, count = self._lp_sums.tolist()     # the one sync, at evaluation
-            if count:
-                out.update({name: s / count for (name, _), s in zip(DEVICE_STATS, sums)})
-            self._lp_sums.zero_()
-        return out
+            self.record(**stats)
+        else:
+            self.record_where(when, **stats)
+        return z
 
     def extra_repr(self) -> str:
         return f"epsilon={self.epsilon}, method={self.method!r}, backward={self.backward!r}"

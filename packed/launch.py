@@ -275,10 +275,12 @@ def _check_train_labels(m: _Member) -> None:
 
 
 class _LossLog:
-    """Sync-free mode: each step's device losses ``[N]``, moved to the runs' lists in one read."""
+    """Each step's losses ``[N]``, moved to the runs' lists in one read (sync-free mode: at the
+    steps where a run evaluates; eager mode: every step)."""
 
     def __init__(self) -> None:
         self.rows: list[tuple[int, torch.Tensor]] = []
+        self.warned: set[int] = set()
 
     def add(self, step: int, losses: torch.Tensor) -> None:
         self.rows.append((step, losses))
@@ -286,8 +288,12 @@ class _LossLog:
     def flush(self, members: list[_Member], stepper: PackedStep) -> None:
         """Poll the divergence flags, then give every run its losses of the steps before its
         divergence (the eager mode's lists, value for value)."""
-        for i in stepper.poll():
+        stepper.poll()
+        for i in sorted(set(stepper.divergences) - self.warned):
+            self.warned.add(i)
             div = stepper.divergences[i]
+            if div.reason.startswith("DegenerateBatchesError"):
+                continue   # _evaluate logged it
             log.warning(f"{members[i].job.name}: diverged at step {div.step}: {div.reason}; "
                         "frozen, the other runs go on")
         if not self.rows:
@@ -339,68 +345,54 @@ def _train_pack(members: list[_Member], deadline: float | None = None,
     loss_log = _LossLog()
     packed.train()
     wall0, eval_s = time.perf_counter(), 0.0
-    checked = labels_checked() if sync_free else contextlib.nullcontext()
     try:
-        checked.__enter__()
-        for step in tqdm(range(max_steps), desc=f"pack of {n}", dynamic_ncols=True, mininterval=2.0):
-            if deadline is not None and step > 0 and time.monotonic() >= deadline:
-                loss_log.flush(members, stepper)
-                t2 = time.perf_counter()
-                for i, m in enumerate(members):   # a last evaluation where there was none
-                    if i not in stepper.divergences and (not m.run.rows or m.run.rows[-1]["step"] != step):
-                        _evaluate(m, i, step, stepper, times)
-                eval_s += time.perf_counter() - t2
-                stopped = {"step": step, "reason": "deadline"}
-                log.warning(f"pack of {n}: deadline reached, stopped at step {step} of {max_steps}")
-                break
-            t0 = time.perf_counter()
-            x, y = _draw(members, device)
-            t1 = time.perf_counter()
-            was_frozen = set(stepper.divergences)
-            losses = runner.step(x, y, step).losses
-            times["data"].append(1000 * (t1 - t0))
-            times["step"].append(1000 * (time.perf_counter() - t1))
-            due = [i for i, m in enumerate(members)
-                   if (step + 1) % m.run.cfg.trainer.eval_every == 0 or step + 1 == max_steps]
-            if sync_free:
-                loss_log.add(step, losses)
-                if due:
+        with labels_checked() if sync_free else contextlib.nullcontext():
+            for step in tqdm(range(max_steps), desc=f"pack of {n}", dynamic_ncols=True, mininterval=2.0):
+                if deadline is not None and step > 0 and time.monotonic() >= deadline:
                     loss_log.flush(members, stepper)
-            else:
-                values = losses.tolist()
-                for i, m in enumerate(members):
-                    if i in stepper.divergences:
-                        if i not in was_frozen:
-                            div = stepper.divergences[i]
-                            log.warning(f"{m.job.name}: diverged at step {div.step}: {div.reason}; "
-                                        "frozen, the other runs go on")
-                        continue
-                    m.losses.append(values[i])
-            t2 = time.perf_counter()
-            for i in due:
-                if i not in stepper.divergences:
-                    _evaluate(members[i], i, step + 1, stepper, times)
-            eval_s += time.perf_counter() - t2
-        loss_log.flush(members, stepper)
-        # per run: the pack's medians shared out; pack_*: the whole pack's step. Sync-free on
-        # CUDA the per-step times are host (enqueue) times; pack_wall_ms_per_step is the wall
-        # time of the steps taken, evaluations excluded, which includes the device's lag.
-        per_run = {k: statistics.median(v) / n for k, v in times.items()}
-        taken = len(times["step"])
-        timing = {**per_run, "step": sum(per_run.values()),
-                  **{f"pack_{k}": statistics.median(v) for k, v in times.items()},
-                  "pack_wall_ms_per_step": 1000 * (time.perf_counter() - wall0 - eval_s) / max(1, taken)}
-        out = []
-        for i, m in enumerate(members):
-            div = stepper.divergences.get(i)
-            out.append(m.run.results(timing, m.job.choices, packed={"size": n, "index": i, "sync_free": sync_free},
-                                     diverged={"step": div.step, "reason": div.reason} if div else None,
-                                     stopped=stopped))
-            if m.run.rows:
-                m.run.logger.summary({f"final/{k}": v for k, v in m.run.rows[-1].items()})
-        return out
+                    t2 = time.perf_counter()
+                    for i, m in enumerate(members):   # a last evaluation where there was none
+                        if i not in stepper.divergences and (not m.run.rows or m.run.rows[-1]["step"] != step):
+                            _evaluate(m, i, step, stepper, times)
+                    eval_s += time.perf_counter() - t2
+                    stopped = {"step": step, "reason": "deadline"}
+                    log.warning(f"pack of {n}: deadline reached, stopped at step {step} of {max_steps}")
+                    break
+                t0 = time.perf_counter()
+                x, y = _draw(members, device)
+                t1 = time.perf_counter()
+                losses = runner.step(x, y, step).losses
+                times["data"].append(1000 * (t1 - t0))
+                times["step"].append(1000 * (time.perf_counter() - t1))
+                due = [i for i, m in enumerate(members)
+                       if (step + 1) % m.run.cfg.trainer.eval_every == 0 or step + 1 == max_steps]
+                loss_log.add(step, losses)
+                if due or not sync_free:   # eager: the losses are read every step anyway
+                    loss_log.flush(members, stepper)
+                t2 = time.perf_counter()
+                for i in due:
+                    if i not in stepper.divergences:
+                        _evaluate(members[i], i, step + 1, stepper, times)
+                eval_s += time.perf_counter() - t2
+            loss_log.flush(members, stepper)
+            # per run: the pack's medians shared out; pack_*: the whole pack's step. Sync-free on
+            # CUDA the per-step times are host (enqueue) times; pack_wall_ms_per_step is the wall
+            # time of the steps taken, evaluations excluded, which includes the device's lag.
+            per_run = {k: statistics.median(v) / n for k, v in times.items()}
+            taken = len(times["step"])
+            timing = {**per_run, "step": sum(per_run.values()),
+                      **{f"pack_{k}": statistics.median(v) for k, v in times.items()},
+                      "pack_wall_ms_per_step": 1000 * (time.perf_counter() - wall0 - eval_s) / max(1, taken)}
+            out = []
+            for i, m in enumerate(members):
+                div = stepper.divergences.get(i)
+                out.append(m.run.results(timing, m.job.choices, packed={"size": n, "index": i, "sync_free": sync_free},
+                                         diverged={"step": div.step, "reason": div.reason} if div else None,
+                                         stopped=stopped))
+                if m.run.rows:
+                    m.run.logger.summary({f"final/{k}": v for k, v in m.run.rows[-1].items()})
+            return out
     finally:
-        checked.__exit__(None, None, None)
         for run in runs:
             if run.logger is not None:
                 run.logger.finish()

@@ -168,11 +168,20 @@ class PackedStep:
                 continue
             losses[i] = loss
             live.append(i)
+        self._update(lambda: torch.stack([losses[i] for i in live]).sum(), live, saved, x, y, step, schedule)
+        return StepOutput(torch.stack([loss.detach() for loss in losses]), logits.detach())
+
+    def _update(self, total, live: list[int], saved: dict | None, x, y, step: int, schedule: bool) -> None:
+        """The step after the losses, shared by both modes: one backward of ``total()`` (the
+        live runs' summed loss; not called when none is live), the frozen runs' BatchNorm
+        statistics put back from ``saved``, then each live run's clipping, optimizer, scheduler
+        (``schedule``) and hooks, in ``train.py``'s order."""
+        packed = self.packed
         packed.zero_grad()
-        for i in range(n):
-            self.optimizers[i].zero_grad(set_to_none=True)
+        for opt in self.optimizers:
+            opt.zero_grad(set_to_none=True)
         if live:
-            torch.stack([losses[i] for i in live]).sum().backward()
+            total().backward()
         # after the backward: BatchNorm's backward keeps the running statistics it was given
         with torch.no_grad():
             for i in self.divergences:   # frozen: BatchNorm statistics as before the step
@@ -190,7 +199,6 @@ class PackedStep:
                 self.schedulers[i].step()
             self.objectives[i].on_step_end(step=step, model=model, optimizer=self.optimizers[i],
                                            batch=(x[i], y[i]))
-        return StepOutput(torch.stack([loss.detach() for loss in losses]), logits.detach())
 
     def frozen_mask(self, device: torch.device) -> torch.Tensor:
         """``[N]`` bool on ``device``: the runs frozen on the host; rebuilt (one small
@@ -228,28 +236,7 @@ class PackedStep:
         record = torch.stack([at,
                               torch.where(ok_scores, loss_code, 0), bad_scores], 1)
         self.pending.copy_(torch.where(first[:, None], record, self.pending))
-        packed.zero_grad()
-        for i in range(n):
-            self.optimizers[i].zero_grad(set_to_none=True)
-        if live:
-            torch.where(ok, losses, 0.0).sum().backward()
-        if frozen:
-            with torch.no_grad():
-                for i in frozen:
-                    for k, b in packed.buffers.items():
-                        b[i] = saved[k][i]
-        packed.grads_to_models()
-        for i in frozen:
-            packed.models[i].zero_grad(set_to_none=True)
-        for i in live:
-            model = packed.models[i]
-            if self.max_grad_norm[i]:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), self.max_grad_norm[i])
-            self.optimizers[i].step()
-            if self.schedulers[i] is not None and schedule:
-                self.schedulers[i].step()
-            self.objectives[i].on_step_end(step=step, model=model, optimizer=self.optimizers[i],
-                                           batch=(x[i], y[i]))
+        self._update(lambda: torch.where(ok, losses, 0.0).sum(), live, saved, x, y, step, schedule)
         return StepOutput(torch.where(ok, losses, math.nan).detach(), logits.detach())
 
 

@@ -23,6 +23,7 @@ from objectives.ce import CrossEntropy
 from objectives.common import labels_checked
 from packed import PackedStep, pack, param_groups
 from packed.graph import GraphedStep, capturable
+from tests.test_packed import NaNAfter
 
 SHAPE = [3, 4, 4]
 
@@ -37,17 +38,10 @@ class StandIn:
         self.output = self.fn()
 
 
-class CapturableNaN(CrossEntropy):
-    """Cross-entropy that turns NaN from its ``at``-th call on (finite scores)."""
+class CapturableNaN(NaNAfter):
+    """:class:`tests.test_packed.NaNAfter`, declared capturable (NaN after ``at`` calls)."""
 
-    def __init__(self, at: int) -> None:
-        super().__init__()
-        self.calls, self.at = 0, at
-
-    def forward(self, logits, labels):
-        self.calls += 1
-        loss = super().forward(logits, labels)
-        return loss * float("nan") if self.calls >= self.at else loss
+    capturable = True
 
 
 def make_pack(objectives, milestones=(3, 5)):
@@ -92,7 +86,7 @@ def test_replayed_steps_equal_eager_steps_and_recapture_at_each_lr_change(float6
 
 
 def test_a_divergence_is_recorded_at_its_step_and_freezing_recaptures(float64_default):
-    objs = [CrossEntropy(), CapturableNaN(at=5), CrossEntropy()]
+    objs = [CrossEntropy(), CapturableNaN(4), CrossEntropy()]
     _, st = make_pack(objs, milestones=())
     graphed = GraphedStep(st, warmup=1, make_graph=StandIn)
     with labels_checked():

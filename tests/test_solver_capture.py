@@ -75,11 +75,11 @@ def test_objectives_take_the_option_and_keep_stats_on_the_device():
         plain, safe = cls(**kw), cls(**kw, solver=CAPTURE)
         (g0,), (g1,) = (torch.autograd.grad(fn(logits, labels), logits) for fn in (plain, safe))
         torch.testing.assert_close(g1, g0, atol=1e-10, rtol=0)
-        assert safe._lp_sums is not None and safe._lp_sums.device == logits.device
+        assert safe._stat_device["lp_iterations"].device == logits.device
         s0, s1 = plain.pop_stats(), safe.pop_stats()
         for key in ("lp_iterations", "lp_kkt_residual", "lp_active", "lp_converged"):
             assert s1[key] == pytest.approx(s0[key], abs=1e-6), key
-        assert float(safe._lp_sums.sum()) == 0.0      # popped: reset in place
+        assert all(float(acc.sum()) == 0.0 for acc in safe._stat_device.values())   # popped: reset in place
         one_class = torch.zeros_like(labels)            # degenerate: nothing to rank
         loss = safe(logits, one_class)
         assert float(loss.detach()) == 0.0 and not torch.autograd.grad(loss, logits)[0].any()
