@@ -8,9 +8,10 @@ so this file never branches on which objective runs.
 Writes into Hydra's run folder (:mod:`runfolder`; every file atomically, so a killed run never
 leaves a half-written one): ``metrics.csv`` (one row per evaluation), ``results.json`` (final and
 best-val metrics, split statistics, step timings, degenerate-batch fraction, launches, portable
-config), ``last.pt`` (checkpoint at every evaluation, the previous one kept as ``last.prev.pt``;
-``resume=true`` continues from it if the config matches, ``resume=force`` even if not) and
-``best.pt`` (weights of the best validation evaluation).
+config, code version and machine: :mod:`provenance`), ``last.pt`` (checkpoint at every
+evaluation, the previous one kept as ``last.prev.pt``; ``resume=true`` continues from it if the
+config matches, ``resume=force`` even if not) and ``best.pt`` (weights of the best validation
+evaluation).
 
 Bad input stops early with a message naming the key, the value and a fix (:mod:`validate`), and
 :func:`main` reports these errors without a traceback. During training a non-finite score or loss
@@ -41,6 +42,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 import metrics
+import provenance
 import runfolder
 from builders import autocast_dtype, build_model, instantiate_runtime, predict, resolve_device, runtime_values
 from data import build_data
@@ -261,6 +263,7 @@ class Run:
             "resume_forced": any(la.get("forced_differences") for la in self.launches),
             "config": runfolder.portable_config(self.cfg, self.run_dir),
             "batch_stream": STREAM_VERSION,
+            "provenance": provenance.record(self.device),   # code version and machine (issue 18)
             **extra,
         }
         runfolder.write_results(results, self.run_dir)

@@ -1,0 +1,105 @@
+"""The code version and the machine behind a run: ``results.json["provenance"]``.
+
+A result whose code cannot be named cannot be rerun (issue 18), so every run folder written
+through :meth:`train.Run.results` -- ``train.py`` runs, packed and campaign runs alike -- records::
+
+    {"git_commit": "3daf590...",   # full sha of HEAD, "unknown" outside a repository / without git
+     "git_dirty": false,           # uncommitted changes to tracked or new files; null when unknown
+     "torch": "2.5.1", "cuda": "12.4",          # torch.version.cuda; null for a CPU-only build
+     "device_name": "NVIDIA H100 80GB HBM3",    # the GPU the run used, else the CPU model
+     "cpu_count": 16, "python": "3.11.9"}
+
+The repository is the one holding this file (the code that ran), not the working directory a
+run was launched from. Untracked files under ``results/``, ``outputs/`` and ``multirun/`` do not
+make the tree dirty: runs write there while the code is unchanged. The git part is read once per
+process (a packed launcher writes hundreds of results.json), the device name once per device.
+
+Example::
+
+    >>> rec = record("cpu")
+    >>> sorted(rec) == sorted(KEYS) and rec["cpu_count"] >= 1
+    True
+"""
+from __future__ import annotations
+
+import functools
+import os
+import platform
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import torch
+
+KEYS = ("git_commit", "git_dirty", "torch", "cuda", "device_name", "cpu_count", "python")
+CODE_DIR = Path(__file__).resolve().parent
+UNKNOWN = "unknown"
+#: untracked paths under these folders are run outputs, not code changes
+OUTPUT_FOLDERS = ("results/", "outputs/", "multirun/")
+
+
+def _git(folder: Path, *args: str) -> str | None:
+    """``git -C folder args`` stdout, or ``None`` when git is missing, fails or hangs."""
+    try:
+        proc = subprocess.run(["git", "-C", str(folder), *args], capture_output=True, text=True,
+                              timeout=30, check=True)
+    except (OSError, subprocess.SubprocessError):   # no git binary, not a repository, timeout
+        return None
+    return proc.stdout
+
+
+def is_dirty(porcelain_z: str) -> bool:
+    """Whether ``git status --porcelain -z`` output shows a change that is not a run output.
+
+    Entries are ``XY path`` separated by NUL; a rename or copy (``R``/``C``) is followed by one
+    more entry, its source path."""
+    entries = iter(porcelain_z.split("\0"))
+    for entry in entries:
+        if not entry:
+            continue
+        status, path = entry[:2], entry[3:]
+        if "R" in status or "C" in status:
+            next(entries, None)
+        if status == "??" and path.startswith(OUTPUT_FOLDERS):
+            continue
+        return True
+    return False
+
+
+@functools.lru_cache(maxsize=None)
+def code_version(folder: Path = CODE_DIR) -> tuple[str, bool | None]:
+    """``(commit, dirty)`` of the repository holding ``folder``; ``("unknown", None)`` outside one."""
+    head = _git(folder, "rev-parse", "HEAD")
+    if not head or not head.strip():
+        return UNKNOWN, None
+    status = _git(folder, "status", "--porcelain", "-z")
+    return head.strip(), None if status is None else is_dirty(status)
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo`` on Linux), else what ``platform`` knows."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:   # not Linux
+        pass
+    return platform.processor() or platform.machine() or UNKNOWN
+
+
+@functools.lru_cache(maxsize=None)
+def device_name(device: str) -> str:
+    """The GPU's name for a ``cuda`` device, else the CPU model (``mps``: the Mac's CPU model)."""
+    dev = torch.device(device)
+    if dev.type == "cuda" and torch.cuda.is_available():
+        return torch.cuda.get_device_name(dev)
+    return cpu_model()
+
+
+def record(device: torch.device | str = "cpu", folder: Path = CODE_DIR) -> dict[str, Any]:
+    """The ``provenance`` dict of a run on ``device`` (keys :data:`KEYS`)."""
+    commit, dirty = code_version(Path(folder))
+    return {"git_commit": commit, "git_dirty": dirty, "torch": str(torch.__version__),
+            "cuda": torch.version.cuda, "device_name": device_name(str(device)),
+            "cpu_count": os.cpu_count(), "python": platform.python_version()}

@@ -1,0 +1,68 @@
+"""Every run's results.json names its code version and machine (issue 18, :mod:`provenance`)."""
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+import provenance
+import train
+
+SHORT = ["dataset=digits", "model=mlp", "trainer.max_steps=4", "trainer.eval_every=4",
+         "trainer.batch_size=32", "device=cpu", "logger=csv", "trainer.checkpoints=false"]
+
+
+def _head() -> str | None:
+    try:
+        return subprocess.run(["git", "-C", str(provenance.CODE_DIR), "rev-parse", "HEAD"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def test_a_fresh_run_names_its_commit(compose_cfg, tmp_path):
+    head = _head()
+    if head is None:
+        pytest.skip("the checkout is not a git repository here")
+    train.train(compose_cfg(SHORT), tmp_path)
+    rec = json.loads((tmp_path / "results.json").read_text())["provenance"]
+    assert set(rec) == set(provenance.KEYS)
+    assert rec["git_commit"] == head and len(head) == 40
+    assert isinstance(rec["git_dirty"], bool)
+    assert rec["torch"] and rec["python"] and rec["cpu_count"] >= 1 and rec["device_name"]
+
+
+def test_outside_a_repository_the_version_is_unknown(tmp_path):
+    provenance.code_version.cache_clear()
+    try:
+        rec = provenance.record("cpu", folder=tmp_path)   # tmp_path is in no repository
+    finally:
+        provenance.code_version.cache_clear()
+    assert rec["git_commit"] == "unknown" and rec["git_dirty"] is None
+
+
+def test_without_git_the_run_still_writes_unknown(compose_cfg, tmp_path, monkeypatch):
+    def no_git(*args, **kwargs):
+        raise FileNotFoundError("git")   # what subprocess raises when the binary is missing
+
+    provenance.code_version.cache_clear()
+    monkeypatch.setattr(provenance.subprocess, "run", no_git)
+    try:
+        train.train(compose_cfg(SHORT), tmp_path)
+    finally:
+        provenance.code_version.cache_clear()
+    rec = json.loads((tmp_path / "results.json").read_text())["provenance"]
+    assert rec["git_commit"] == "unknown" and rec["git_dirty"] is None
+
+
+@pytest.mark.parametrize("status, dirty", [
+    ("", False),
+    ("?? results/new_study/\0?? outputs/2026-11-26/\0?? multirun/x/\0", False),
+    ("?? scratch.py\0", True),
+    (" M train.py\0", True),
+    (" M results/README.md\0", True),          # a tracked file changed: dirty wherever it is
+    ("R  new.py\0old.py\0", True),
+])
+def test_run_outputs_do_not_make_the_tree_dirty(status, dirty):
+    assert provenance.is_dirty(status) is dirty
