@@ -1,9 +1,14 @@
-"""Evaluation metrics: binary AUC / AP / F1 / accuracy, multi-class AUC one-vs-rest and AUC_mu.
+"""Evaluation metrics: binary AUC / AP / F1 / accuracy / MCC / Jaccard / EER / misclassification
+rate, multi-class AUC one-vs-rest and AUC_mu.
 
 What the paper's tables report (seed 002, section 5): binary AUC (table 1), F1 and accuracy
-(F1 section), and for the 3-group multi-class task AUC^ova and AUC_mu (table 2). scikit-learn
-computes everything it has (``roc_auc_score``, ``average_precision_score``, ``f1_score``,
-``accuracy_score``); only AUC_mu is written here, from Kleiman & Page (2019), seed 002 sec. 3.3:
+(F1 section), and for the 3-group multi-class task AUC^ova and AUC_mu (table 2). The learned
+surrogate baseline's paper (Grabocka et al. 2019, seed 004 §4.1) also reports MCC, the Jaccard
+index, the equal error rate (EER) and the misclassification rate (MCR). scikit-learn computes
+everything it has (``roc_auc_score``, ``average_precision_score``, ``f1_score``,
+``accuracy_score``, ``jaccard_score``, ``roc_curve``); MCC (four counts), EER (:func:`eer`, closed
+form on the ROC) and AUC_mu are written here; AUC_mu from Kleiman & Page (2019), seed 002
+sec. 3.3:
 
 .. math::
 
@@ -19,19 +24,22 @@ and ``f(x)`` the class probabilities. For ``K = 2`` and ``P = 1 - I`` it is the 
 ``f(x)[1]``. Ties count one half everywhere (the trapezoidal ROC area of scikit-learn).
 
 Bad input raises :class:`MetricError` (a ``ValueError``) saying what to fix: a split with a
-single class, shapes that disagree, labels out of range, non-finite scores. No metric returns NaN.
+single class where the metric needs both (AUC, EER), shapes that disagree, labels out of range,
+non-finite scores. No metric returns NaN: where a ratio is 0/0 on legal input the value is fixed
+and documented (MCC 0 and Jaccard 0, scikit-learn's conventions; EER 1/2 for constant scores).
 
 Example::
 
     >>> import numpy as np
     >>> evaluate(np.array([0, 1, 1, 0]), np.array([[2., 0], [0, 1], [0, 3], [1, 0]]), "binary")
-    {'auc': 1.0, 'ap': 1.0, 'f1': 1.0, 'acc': 1.0}
+    {'auc': 1.0, 'ap': 1.0, 'f1': 1.0, 'acc': 1.0, 'mcc': 1.0, 'jaccard': 1.0, 'eer': 0.0}
 """
 from __future__ import annotations
 
 import numpy as np
 from scipy.special import logsumexp, softmax
-from sklearn.metrics import accuracy_score, average_precision_score, f1_score, roc_auc_score
+from sklearn.metrics import (accuracy_score, average_precision_score, f1_score, jaccard_score,
+                             roc_auc_score, roc_curve)
 
 TASKS = ("binary", "multiclass")
 
@@ -103,6 +111,22 @@ def average_precision(labels, scores) -> float:
     return float(average_precision_score(y, _scores(scores, y.size, 1)))
 
 
+def _binary_preds(preds, y: np.ndarray) -> np.ndarray:
+    p = _labels(preds, "preds")
+    if p.shape != y.shape or not np.isin(p, (0, 1)).all():
+        raise MetricError(f"preds must be {y.shape} in {{0, 1}} like the labels, got shape {p.shape} "
+                          f"with values {np.unique(p)[:5].tolist()}")
+    return p
+
+
+def _binary_pair(labels, preds, what: str) -> tuple[np.ndarray, np.ndarray]:
+    """Labels and hard predictions in {0, 1}, either class allowed to be absent."""
+    y = _labels(labels)
+    if not np.isin(y, (0, 1)).all():
+        raise MetricError(f"{what} needs binary labels in {{0, 1}}, got classes {np.unique(y).tolist()}")
+    return y, _binary_preds(preds, y)
+
+
 def f1(labels, preds) -> float:
     """F1 of the positive class 1 from hard predictions in {0, 1}.
 
@@ -110,11 +134,62 @@ def f1(labels, preds) -> float:
     positives present, predicting no positive gives 0.0.
     """
     y = _binary_labels(labels, "F1", need_neg=False)
-    p = _labels(preds, "preds")
-    if p.shape != y.shape or not np.isin(p, (0, 1)).all():
-        raise MetricError(f"preds must be {y.shape} in {{0, 1}} like the labels, got shape {p.shape} "
-                          f"with values {np.unique(p)[:5].tolist()}")
-    return float(f1_score(y, p, zero_division=0.0))
+    return float(f1_score(y, _binary_preds(preds, y), zero_division=0.0))
+
+
+def mcc(labels, preds) -> float:
+    r"""Matthews correlation coefficient of hard predictions in {0, 1}, in [-1, 1]:
+
+    .. math:: \frac{TP \cdot TN - FP \cdot FN}{\sqrt{(TP+FP)(TP+FN)(TN+FP)(TN+FN)}}.
+
+    Defined on every input: where the denominator is 0 (the labels or the predictions hold one
+    class only) it is 0.0, scikit-learn's ``matthews_corrcoef`` convention (no better than chance
+    can be shown).
+    """
+    y, p = _binary_pair(labels, preds, "MCC")
+    # the closed form on counts: scikit-learn warns on single-class input, where we define 0
+    tp, fp = float(np.sum((p == 1) & (y == 1))), float(np.sum((p == 1) & (y == 0)))
+    fn, tn = float(np.sum((p == 0) & (y == 1))), float(np.sum((p == 0) & (y == 0)))
+    den = (tp + fp) * (tp + fn) * (tn + fp) * (tn + fn)
+    return float((tp * tn - fp * fn) / np.sqrt(den)) if den > 0 else 0.0
+
+
+def jaccard(labels, preds) -> float:
+    r"""Jaccard index (intersection over union) of the positive class, :math:`TP / (TP + FP + FN)`.
+
+    Defined on every input: with no positive label and no positive prediction (0/0) it is 0.0,
+    scikit-learn's ``jaccard_score(zero_division=0)``, the same convention as :func:`f1`'s.
+    """
+    y, p = _binary_pair(labels, preds, "Jaccard")
+    return float(jaccard_score(y, p, zero_division=0.0))
+
+
+def misclassification_rate(labels, preds) -> float:
+    """Fraction of ``preds`` that differ from ``labels``: ``1 - accuracy`` (the paper's MCR)."""
+    return 1.0 - accuracy(labels, preds)
+
+
+def eer(labels, scores) -> float:
+    r"""Equal error rate: where the ROC curve, linearly interpolated between the points of
+    consecutive distinct thresholds, crosses :math:`FNR = FPR` (i.e. :math:`TPR = 1 - FPR`).
+
+    Along the ROC from (0, 0) to (1, 1), :math:`FPR + TPR` grows strictly from one point to the
+    next, so it crosses 1 on exactly one segment :math:`(f_0, t_0) \to (f_1, t_1)`, and there
+
+    .. math:: u = \frac{1 - f_0 - t_0}{(f_1 - f_0) + (t_1 - t_0)}, \qquad
+              \mathrm{EER} = f_0 + u (f_1 - f_0) \in [0, 1].
+
+    (The equivalent root of :math:`1 - x - \mathrm{TPR}(x)`, the usual ``brentq`` recipe, without
+    a root finder.) Perfect ranking gives 0, reversed ranking 1, constant scores 1/2 (the chance
+    diagonal). Needs both classes (raises :class:`MetricError` otherwise, like :func:`auc`).
+    """
+    y = _binary_labels(labels, "EER")
+    fpr, tpr, _ = roc_curve(y, _scores(scores, y.size, 1))
+    total = fpr + tpr
+    k = int(np.argmax(total >= 1.0))   # first point on or past the crossing; k >= 1 as total[0] = 0
+    f0, t0, f1_, t1 = fpr[k - 1], tpr[k - 1], fpr[k], tpr[k]
+    u = (1.0 - f0 - t0) / ((f1_ - f0) + (t1 - t0))
+    return float(f0 + u * (f1_ - f0))
 
 
 def accuracy(labels, preds) -> float:
@@ -212,9 +287,11 @@ def roc_scores(logits, task: str) -> np.ndarray:
 def evaluate(labels: np.ndarray, logits: np.ndarray, task: str) -> dict[str, float]:
     """The paper's metrics of one split from the model's logits.
 
-    binary (logits ``[N, 2]``; ``[N]`` is read as ``l_1 - l_0``): ``auc``, ``ap`` on the score
-    ``softmax(logits)[:, 1]`` (ranked through its margin, see :func:`roc_scores`), ``f1`` and
-    ``acc`` of ``argmax`` (ties go to class 0). multiclass: ``auc_mu`` on ``softmax(logits)``
+    binary (logits ``[N, 2]``; ``[N]`` is read as ``l_1 - l_0``): ``auc``, ``ap`` and ``eer`` on
+    the score ``softmax(logits)[:, 1]`` (ranked through its margin, see :func:`roc_scores`);
+    ``f1``, ``acc``, ``mcc`` and ``jaccard`` of ``argmax`` (ties go to class 0; Grabocka et al.
+    tune the threshold per dataset instead, seed 004 §4.1). The misclassification rate is
+    ``1 - acc``, so it gets no column of its own. multiclass: ``auc_mu`` on ``softmax(logits)``
     with P = 1 - I, ``auc_ova`` (mean over present classes) and ``acc`` of ``argmax``.
     """
     y = _labels(labels)
@@ -226,6 +303,7 @@ def evaluate(labels: np.ndarray, logits: np.ndarray, task: str) -> dict[str, flo
     if task == "binary":
         pred = (ranked > 0).astype(np.int64)
         return {"auc": auc(y, ranked), "ap": average_precision(y, ranked),
-                "f1": f1(y, pred), "acc": accuracy(y, pred)}
+                "f1": f1(y, pred), "acc": accuracy(y, pred),
+                "mcc": mcc(y, pred), "jaccard": jaccard(y, pred), "eer": eer(y, ranked)}
     return {"auc_mu": auc_mu(y, softmax(z, axis=1)), "auc_ova": auc_ova(y, ranked),
             "acc": accuracy(y, z.argmax(axis=1))}

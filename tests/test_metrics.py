@@ -2,7 +2,9 @@
 import numpy as np
 import pytest
 from scipy.special import softmax
-from sklearn.metrics import (accuracy_score, average_precision_score, f1_score, roc_auc_score)
+from scipy.optimize import brentq
+from sklearn.metrics import (accuracy_score, average_precision_score, f1_score, jaccard_score,
+                             matthews_corrcoef, roc_auc_score)
 
 import metrics
 from metrics import MetricError
@@ -44,6 +46,29 @@ def brute_force_auc(y, s):
     return ((d > 0) + 0.5 * (d == 0)).mean()
 
 
+def brute_force_roc(y, s):
+    """ROC points by counting at every threshold ``s >= t`` (t over +inf and every distinct
+    score, decreasing), no scikit-learn."""
+    fpr, tpr = [], []
+    for t in [np.inf] + sorted(set(s.tolist()), reverse=True):
+        pred = s >= t
+        tpr.append((pred & (y == 1)).sum() / (y == 1).sum())
+        fpr.append((pred & (y == 0)).sum() / (y == 0).sum())
+    return np.array(fpr), np.array(tpr)
+
+
+def brute_force_eer(y, s):
+    """The root of FNR(x) - x on the interpolated ROC, found by a root finder (the usual
+    ``brentq(lambda x: 1 - x - interp(x, fpr, tpr), 0, 1)`` recipe)."""
+    fpr, tpr = brute_force_roc(y, s)
+    # fpr repeats where only positives pass a threshold: interpolate along the ROC's arc
+    # parameter (the point index) instead of over fpr, which is not a function there
+    idx = np.arange(len(fpr), dtype=float)
+    gap = lambda u: 1 - np.interp(u, idx, tpr) - np.interp(u, idx, fpr)   # FNR - FPR
+    u = brentq(gap, 0.0, len(fpr) - 1.0, xtol=1e-14, rtol=1e-15)
+    return float(np.interp(u, idx, fpr))
+
+
 # --------------------------------------------------------------------------- binary
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("ties", [False, True])
@@ -59,6 +84,62 @@ def test_binary_metrics_match_sklearn(seed, ties):
     assert metrics.average_precision(y, s) == pytest.approx(average_precision_score(y, s), abs=1e-12)
     assert metrics.f1(y, pred) == pytest.approx(f1_score(y, pred, zero_division=0.0), abs=1e-12)
     assert metrics.accuracy(y, pred) == pytest.approx(accuracy_score(y, pred), abs=1e-12)
+
+
+# MCC, Jaccard, misclassification rate and EER (Grabocka et al. 2019, seed 004 §4.1)
+@pytest.mark.parametrize("seed", range(50))
+def test_paper_metrics_match_sklearn_and_brute_force(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(2, 120))
+    y = (rng.random(n) < rng.uniform(0.05, 0.95)).astype(int)
+    y[:2] = [0, 1]
+    rng.shuffle(y)
+    s = rng.normal(size=n) + rng.uniform(-2, 3) * y
+    if seed % 2:
+        s = np.round(s)   # many ties: ROC segments that jump several samples at once
+    pred = (s > rng.normal()).astype(int)
+    assert metrics.mcc(y, pred) == pytest.approx(matthews_corrcoef(y, pred), abs=1e-12)
+    assert metrics.jaccard(y, pred) == pytest.approx(jaccard_score(y, pred, zero_division=0), abs=1e-12)
+    assert metrics.misclassification_rate(y, pred) == pytest.approx(1 - accuracy_score(y, pred), abs=1e-12)
+    e = metrics.eer(y, s)
+    assert e == pytest.approx(brute_force_eer(y, s), abs=1e-9)
+    # the crossing lies between the two discrete ROC points that straddle FNR = FPR
+    fpr, tpr = brute_force_roc(y, s)
+    k = int(np.argmax(fpr + tpr >= 1))
+    assert min(fpr[k - 1], 1 - tpr[k]) - 1e-12 <= e <= max(fpr[k], 1 - tpr[k - 1]) + 1e-12
+    # and like AUC it depends on the ranking only
+    assert metrics.eer(y, np.exp(s / 3)) == pytest.approx(e, abs=1e-12)
+
+
+def test_eer_closed_forms():
+    y = np.array([0, 1, 0, 1, 1, 0])
+    assert metrics.eer(y, y * 2.0) == 0.0            # perfect ranking
+    assert metrics.eer(y, -y * 2.0) == 1.0           # reversed
+    assert metrics.eer(y, np.full(6, 3.0)) == 0.5    # constant scores: the chance diagonal
+    # one negative above all positives, 1 of 3 positives and negatives each: ROC (0,0) (1/3,0)
+    # (1/3,1) (1,1); FPR + TPR crosses 1 on the vertical segment at FPR = 1/3, TPR = 2/3
+    assert metrics.eer([0, 1, 1, 1, 0, 0], [9, 5, 5, 5, 1, 1]) == pytest.approx(1 / 3, abs=1e-15)
+
+
+@pytest.mark.filterwarnings("ignore:A single label was found")   # scikit-learn's, not ours
+def test_degenerate_inputs_have_defined_values():
+    """One class, or one predicted class: documented values (never NaN), or a typed error where
+    the metric has no meaning (EER and AUC need both classes)."""
+    ones, zeros = np.ones(5, int), np.zeros(5, int)
+    assert metrics.mcc(ones, ones) == 0.0 and metrics.mcc(zeros, zeros) == 0.0   # sklearn's 0
+    assert metrics.mcc([0, 1, 1, 0], [1, 1, 1, 1]) == 0.0     # one predicted class
+    assert metrics.mcc(ones, ones) == matthews_corrcoef(ones, ones)
+    assert metrics.jaccard(zeros, zeros) == 0.0 == jaccard_score(zeros, zeros, zero_division=0)
+    assert metrics.jaccard(ones, ones) == 1.0
+    assert metrics.misclassification_rate(zeros, ones) == 1.0
+    with pytest.raises(MetricError, match="only positives"):
+        metrics.eer(ones, np.arange(5.0))
+    with pytest.raises(MetricError, match="no positives"):
+        metrics.eer(zeros, np.zeros(5))
+    with pytest.raises(MetricError, match="binary labels"):
+        metrics.mcc([0, 2], [0, 1])
+    with pytest.raises(MetricError, match="preds"):
+        metrics.jaccard([0, 1], [0, 1, 1])
 
 
 def test_all_tied_scores_give_one_half():
@@ -166,8 +247,11 @@ def test_evaluate_binary_uses_softmax_class_one(seed):
     z = rng.normal(size=(100, 2))
     out = metrics.evaluate(y, z, "binary")
     p1, pred = softmax(z, axis=1)[:, 1], z.argmax(1)
-    assert set(out) == {"auc", "ap", "f1", "acc"}
+    assert set(out) == {"auc", "ap", "f1", "acc", "mcc", "jaccard", "eer"}
     assert out["auc"] == pytest.approx(roc_auc_score(y, p1), abs=1e-12)
+    assert out["mcc"] == pytest.approx(matthews_corrcoef(y, pred), abs=1e-12)
+    assert out["jaccard"] == pytest.approx(jaccard_score(y, pred), abs=1e-12)
+    assert out["eer"] == pytest.approx(brute_force_eer(y, z[:, 1] - z[:, 0]), abs=1e-9)
     assert out["ap"] == pytest.approx(average_precision_score(y, p1), abs=1e-12)
     assert out["f1"] == pytest.approx(f1_score(y, pred), abs=1e-12)
     assert out["acc"] == pytest.approx(accuracy_score(y, pred), abs=1e-12)
