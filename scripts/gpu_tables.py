@@ -41,6 +41,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
 
+from campaign_jobs import compose_job, jobs  # noqa: E402 -- shared with scripts/campaign.py
+
 LEVELS = (0.1, 0.2, 0.4, 1.0)            # dataset.neg_keep: 91 / 83 / 71 / 50 % positives
 OBJECTIVES = ("ce", "auc_lp", "ppd_sg", "ppd_adagrad")
 LRS = (0.1, 0.01, 0.001)
@@ -49,21 +51,13 @@ MARGIN = 0.8                              # plan for 80 % of the budget: packs, 
 
 
 def job_specs(dataset: str, seeds, lrs, levels=LEVELS, objectives=OBJECTIVES) -> list[dict]:
-    """The block's jobs, seed-major: ``{"name", "overrides"}``."""
-    return [{"name": f"{dataset}_nk{nk}_{obj}_lr{lr}_s{seed}",
-             "overrides": [f"dataset={dataset}", f"dataset.neg_keep={nk}", f"objective={obj}",
-                           f"optimizer.lr={lr}", f"seed={seed}"]}
-            for seed in seeds for lr in lrs for nk in levels for obj in objectives]
-
-
-def compose_job(overrides: list[str]):
-    from hydra import compose, initialize_config_dir
-    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
-        return compose("config", overrides=["experiment=table1_binary", *overrides])
+    """The block's jobs, seed-major: ``{"name", "overrides", "values"}``."""
+    return jobs({"seed": list(seeds), "optimizer.lr": list(lrs), "dataset.neg_keep": list(levels),
+                 "objective": list(objectives)}, fixed={"dataset": dataset})
 
 
 def measure(cfg, overrides: list[str], device, pack_n: int, reps: int,
-            objectives=OBJECTIVES) -> dict:
+            objectives=OBJECTIVES, experiment: str = "table1_binary") -> dict:
     """ms per run-step of a packed step (each of ``objectives``) at ``pack_n`` runs,
     and ms of one run's evaluation (val + test), for the model and batch of ``cfg``."""
     from hydra.utils import instantiate
@@ -77,7 +71,7 @@ def measure(cfg, overrides: list[str], device, pack_n: int, reps: int,
     shape, batch = tuple(bundle.input_shape), int(cfg.trainer.batch_size)
     out = {"pack_n": pack_n, "input_shape": list(shape), "batch_size": batch}
     for name in objectives:   # each with the optimizer its config brings (ppd_*: their own)
-        job = compose_job([*overrides, f"objective={name}"])   # the last objective= wins
+        job = compose_job([*overrides, f"objective={name}"], experiment)   # the last objective= wins
         runs = build_runs(lambda: build_model(cfg, bundle), shape, batch, pack_n, device,
                           make_objective=lambda: instantiate_runtime(job.objective, **runtime),
                           num_classes=bundle.num_classes,
@@ -92,6 +86,25 @@ def measure(cfg, overrides: list[str], device, pack_n: int, reps: int,
     return out
 
 
+def run_cost_s(objective: str, speed: dict, n_steps: int, eval_every: int) -> float:
+    """Projected seconds of one run of ``objective``: its steps at the probed rate, its evaluations."""
+    return (n_steps * speed[f"step_ms_per_run_{objective}"]
+            + math.ceil(n_steps / eval_every) * speed["eval_ms"]) / 1000
+
+
+def whole_blocks(blocks: list[list], cost, avail: float) -> tuple[list, float]:
+    """The longest prefix of ``blocks`` (lists of jobs) whose summed ``cost(job)`` fits ``avail``:
+    (its jobs, their cost). Whole blocks only: a table's cells stay complete for the seeds kept."""
+    kept, total = [], 0.0
+    for group in blocks:
+        c = sum(cost(job) for job in group)
+        if total + c > avail:
+            break
+        kept += group
+        total += c
+    return kept, total
+
+
 def plan(specs: list[dict], speed: dict, budget_s: float, steps: int, eval_every: int,
          block: int) -> dict:
     """The longest prefix of ``specs`` in whole blocks of ``block`` jobs (one seed: every lr,
@@ -99,9 +112,7 @@ def plan(specs: list[dict], speed: dict, budget_s: float, steps: int, eval_every
     ``steps``, the longest run length (two significant digits) at which it does, with evaluations
     at most every ``eval_every`` steps and at the end."""
     def cost_s(spec, n_steps):
-        obj = objective_of(spec)
-        return (n_steps * speed[f"step_ms_per_run_{obj}"]
-                + math.ceil(n_steps / eval_every) * speed["eval_ms"]) / 1000
+        return run_cost_s(objective_of(spec), speed, n_steps, eval_every)
     avail = MARGIN * budget_s
     first = specs[:block]
     reason = None
@@ -112,29 +123,23 @@ def plan(specs: list[dict], speed: dict, budget_s: float, steps: int, eval_every
             lo, hi = (mid, hi) if sum(cost_s(s, mid) for s in first) <= avail else (lo, mid - 1)
         digits = 10 ** max(0, len(str(lo)) - 2)
         steps, reason = max(1, lo // digits * digits), f"the first {len(first)} runs do not fit at {steps} steps"
-    kept, total = [], 0.0
-    for start in range(0, len(specs), block):
-        group = specs[start:start + block]
-        c = sum(cost_s(spec, steps) for spec in group)
-        if total + c > avail:
-            break
-        kept += group
-        total += c
+    kept, total = whole_blocks([specs[i:i + block] for i in range(0, len(specs), block)],
+                               lambda spec: cost_s(spec, steps), avail)
     return {"steps": steps, "eval_every": min(eval_every, steps), "shortened_because": reason,
             "kept": [s["name"] for s in kept], "dropped": [s["name"] for s in specs[len(kept):]],
             "projected_s": round(total, 1), "budget_s": budget_s}
 
 
-def export(run_dirs: dict[str, Path], out: Path) -> Path:
-    """``runs.jsonl.gz``: one line per run folder that has a ``metrics.csv``."""
+def export(run_dirs: dict[str, Path], out: Path, extra: dict | None = None) -> Path:
+    """``runs.jsonl.gz``: one line per run folder that has a ``metrics.csv`` (plus ``extra``'s keys)."""
     path = out / "runs.jsonl.gz"
     with gzip.open(path, "wt") as f:
         for name, d in run_dirs.items():
             if not (d / "metrics.csv").is_file():
                 continue
             res = json.loads((d / "results.json").read_text()) if (d / "results.json").is_file() else None
-            f.write(json.dumps({"name": name, "results": res,
-                                "metrics_csv": (d / "metrics.csv").read_text()}) + "\n")
+            f.write(json.dumps({"name": name, "results": res, "metrics_csv": (d / "metrics.csv").read_text(),
+                                **(extra or {})}) + "\n")
     return path
 
 

@@ -48,6 +48,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from campaign_cells import done_keys, expected_cells, find_queue, queued_labels, read_json
 from paper_numbers import PAPER
 
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
@@ -64,6 +65,12 @@ IGNORED = (  # config keys (and their sub-keys) that never define a protocol
 )
 COLUMN_PREFIXES = ("dataset.", "model.")  # may differ between columns, not inside one
 LR_KEY = "optimizer.lr"
+SELECT = {  # --select: which evaluation of each run a cell reports (the caption's first words)
+    "final": "Test {m} in % at the final evaluation",
+    "best-val": "Test {m} in % at each run's evaluation with the best val_{m}",
+    "best-test": "Max test {m} in % over each run's evaluations (selection on test, optimistic)",
+}
+UNRECORDED = "unrecorded"   # a run from before results.json carried its code version
 TEX = {"\\": "\\textbackslash{}", "_": "\\_", "%": "\\%", "&": "\\&", "#": "\\#", "{": "\\{", "}": "\\}",
        "$": "\\$", "±": "$\\pm$", "·": "$\\cdot$"}
 
@@ -97,6 +104,7 @@ class Run:
     val: float | None         # %
     key: dict                 # protocol: config minus IGNORED and `where` keys (and lr unless rule none)
     label: str = ""
+    commit: str = UNRECORDED  # code version (results.json provenance)
 
 
 @dataclass
@@ -106,6 +114,7 @@ class Cell:
     name: str
     lr: float | None
     runs: list = field(repr=False)
+    pending: int = 0          # queued runs of this cell (every lr and seed) not done yet
 
     def stat(self, attr: str = "test") -> tuple[float, float | None]:
         xs = [getattr(r, attr) for r in self.runs]
@@ -126,7 +135,52 @@ def flatten(d: dict, prefix: str = "") -> dict:
     return out
 
 
-def load(folders: list[Path], table: Table, lr_rule: str, log) -> list[Run]:
+def ignored(key: str) -> bool:
+    return any(key == i or key.startswith(i + ".") for i in IGNORED)
+
+
+def protocol(config: dict) -> dict:
+    """A run's flattened config minus the keys that never define a protocol (IGNORED), with the
+    keys added later at their old behaviour: two runs of one protocol (any seed aside) agree on it."""
+    return {k: v for k, v in (ADDED_DEFAULTS | flatten(config)).items() if not ignored(k)}
+
+
+def code_version(res: dict) -> str:
+    """The short commit behind a run ("+dirty" with uncommitted changes), from its provenance."""
+    prov = res.get("provenance") or {}
+    commit = str(prov.get("git_commit") or UNRECORDED)
+    return (commit[:7] if len(commit) == 40 else commit) + ("+dirty" if prov.get("git_dirty") else "")
+
+
+def _number(v) -> float | None:
+    try:
+        return None if v in (None, "") else float(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def selected(res: dict, folder: Path, metric: str, select: str) -> tuple[float | None, float | None]:
+    """(test, val) of the table's metric at the evaluation ``select`` names (fractions).
+    best-val / best-test read every row of ``metrics.csv`` (``results.json``'s final and best_val
+    rows where there is none); best-val takes the first row with the highest val (as train.py
+    keeps its best), best-test the highest test and, for the lr choice, the highest val."""
+    test_key, val_key = f"test_{metric}", f"val_{metric}"
+    final = res["final"]
+    if select == "final":
+        return final.get(test_key), final.get(val_key)
+    path = folder / "metrics.csv"
+    rows = list(csv.DictReader(io.StringIO(path.read_text()))) if path.is_file() else \
+        [r for r in (final, res.get("best_val")) if r]
+    pairs = [(_number(r.get(test_key)), _number(r.get(val_key))) for r in rows]
+    pairs = [(t, v) for t, v in pairs if t is not None and v is not None]
+    if not pairs:
+        return None, None
+    if select == "best-val":
+        return max(pairs, key=lambda p: p[1])   # max returns the first of equal vals
+    return max(t for t, _ in pairs), max(v for _, v in pairs)
+
+
+def load(folders: list[Path], table: Table, lr_rule: str, log, select: str = "final") -> list[Run]:
     """Runs of the table's task that carry its metric; everything else is reported through log."""
     found = {p.resolve(): p for f in folders for p in sorted(f.rglob("results.json"))}
     done = {p.parent for p in found}
@@ -146,6 +200,8 @@ def load(folders: list[Path], table: Table, lr_rule: str, log) -> list[Run]:
             skipped[f"unreadable (need 'config' and 'final': {type(err).__name__})"].append(path)
             continue
         task = cfg.get("dataset.task", "binary")
+        if select != "final" and final.get(test_key) is not None:
+            final[test_key], final[val_key] = selected(res, path.parent, table.metric, select)
         if task != table.task:
             skipped[f"task={task}, this table is task={table.task}"].append(path)
         elif final.get(test_key) is None:
@@ -157,11 +213,11 @@ def load(folders: list[Path], table: Table, lr_rule: str, log) -> list[Run]:
         else:
             where = (cfg["dataset.name"], *(float(cfg[k]) for k in where_keys[1:]))
             skip = set(where_keys) | ({LR_KEY} if lr_rule != "none" else set())
-            key = {k: v for k, v in cfg.items() if k not in skip
-                   and not any(k == i or k.startswith(i + ".") for i in IGNORED)} | {"step": final.get("step")}
+            key = {k: v for k, v in protocol(res["config"]).items() if k not in skip} | {"step": final.get("step")}
             name = res.get("choices", {}).get("objective") or str(cfg.get("objective._target_")).split(".")[-1]
             val = None if final.get(val_key) is None else 100 * final[val_key]
-            runs.append(Run(path, name, where, cfg.get(LR_KEY), cfg.get("seed"), 100 * final[test_key], val, key))
+            runs.append(Run(path, name, where, cfg.get(LR_KEY), cfg.get("seed"), 100 * final[test_key], val, key,
+                            commit=code_version(res)))
     for reason, bad in skipped.items():
         if bad:
             where = ", ".join(str(p.parent if p.name == "results.json" else p) for p in bad)
@@ -248,7 +304,45 @@ def paper(table: str, where: tuple, name: str) -> float | None:
     return PAPER.get(table, {}).get(where, {}).get(name)
 
 
-def grid(cells: list[Cell], table: str) -> tuple[list[str], list[tuple[str, list[str]]], list[str]]:
+def with_pending(cells: list[Cell], pending: dict, labels: dict[str, str]) -> list[Cell]:
+    """``cells`` with each queued cell's count of runs not done yet (``pending``:
+    ``{(where, objective): (expected, done)}``), and an empty cell where none is done; a queued
+    cell takes the row its objective's queued runs are in (``labels``), else the objective's name."""
+    out = list(cells)
+    for (where, name), (expected, done) in pending.items():
+        label = labels.get(name, name)
+        mine = [c for c in cells if c.where == where and c.name == name and c.label == label]
+        for c in mine:
+            c.pending = max(0, expected - done)
+        if not mine:
+            out.append(Cell(where, label, name, None, [], pending=max(0, expected - done)))
+    return out
+
+
+def code_versions(cells: list[Cell]) -> str:
+    """``code versions: <commit>(n runs), ...`` over the runs the table shows, most runs first."""
+    counts: dict[str, int] = defaultdict(int)
+    for c in cells:
+        for r in c.runs:
+            counts[r.commit] += 1
+    if not counts:
+        return "code versions: none (no run done yet)"
+    return "code versions: " + ", ".join(f"{v}({n} run{'s' * (n > 1)})"
+                                         for v, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def cell_text(c: Cell, lr_shown: bool, step_shown: bool) -> str:
+    """``mean ± std (n=.., lr=.., step .., k pending)``, a dagger if its runs span code versions."""
+    if not c.runs:
+        return "pending"
+    mean, std = c.stat()
+    notes = ([f"n={len(c.runs)}"] + [f"lr={c.lr:g}"] * lr_shown + [f"step {c.step}"] * step_shown
+             + [f"{c.pending} pending"] * (c.pending > 0))
+    dagger = " †" if len({r.commit for r in c.runs}) > 1 else ""
+    return f"{mean:.1f}" + (f" ± {std:.1f}" if std is not None else "") + f" ({', '.join(notes)}){dagger}"
+
+
+def grid(cells: list[Cell], table: str, select: str = "final") -> tuple[list[str], list[tuple[str, list[str]]], list[str]]:
     """Header, rows of (label, cell texts) and caption notes, shared by Markdown and LaTeX."""
     spec = TABLES[table]
     order = {n: i for i, n in enumerate(dict.fromkeys(o for v in PAPER.get(table, {}).values() for o in v))}
@@ -262,7 +356,7 @@ def grid(cells: list[Cell], table: str) -> tuple[list[str], list[tuple[str, list
     rows = sorted({r for r, _ in placed})
     flip = -1 if spec.level == "drop_rate" else 1  # the paper's order: most imbalanced first
     cols = sorted({col for _, col in placed}, key=lambda col: -col if spec.pivot else (col[0], flip * col[1]))
-    lrs, steps = {c.lr for c in cells}, {c.step for c in cells}
+    lrs, steps = {c.lr for c in cells if c.runs}, {c.step for c in cells if c.runs}
     out = []
     for row in rows:
         name = next(c.name for (r, _), c in placed.items() if r == row)
@@ -270,44 +364,52 @@ def grid(cells: list[Cell], table: str) -> tuple[list[str], list[tuple[str, list
         for col in cols:
             c, text = placed.get((row, col)), "-"
             if c:
-                mean, std = c.stat()
-                lr_shown = len(lrs) > 1 and f"{LR_KEY}=" not in c.label
-                notes = [f"n={len(c.runs)}"] + [f"lr={c.lr:g}"] * lr_shown + [f"step {c.step}"] * (len(steps) > 1)
-                text = f"{mean:.1f}" + (f" ± {std:.1f}" if std is not None else "") + f" ({', '.join(notes)})"
+                text = cell_text(c, len(lrs) > 1 and f"{LR_KEY}=" not in c.label, len(steps) > 1)
             ref = paper(table, (*row[0][2:], col) if spec.pivot else col, name)
             texts.append(text + (f" [paper {ref:.1f}]" if ref is not None else ""))
         out.append((row[1], texts))
     head = [f"eps={col:g}" for col in cols] if spec.pivot else [f"{d} {lvl:g}" for d, lvl in cols]
     what = f"{spec.pivot}; rows: objective · dataset {spec.level}" if spec.pivot else f"dataset {spec.level}"
-    notes = [f"Test {spec.metric} in % at the final evaluation, mean ± sample std over seeds (n runs); "
+    notes = [SELECT[select].format(m=spec.metric) + ", mean ± sample std over seeds (n runs); "
              f"[paper x] = Meng et al. 2021. Columns: {what}.",
-             f"Step {steps.pop()}." if len(steps) == 1 else "Steps differ: each cell names its step."]
+             f"Step {steps.pop()}." if len(steps) == 1 else
+             "Steps differ: each cell names its step." if steps else "No run done yet."]
+    if any(c.pending or not c.runs for c in cells):
+        notes.append("pending: queued runs not done yet (k pending: of the cell's runs at every lr and seed).")
+    if any(" †" in t for _, texts in out for t in texts):
+        notes.append("†: the cell's runs come from more than one code version.")
     return head, out, notes
 
 
 def to_csv(cells: list[Cell], table: str) -> str:
+    """One row per cell; with a queue, a ``pending`` column and rows for cells with no run yet."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
+    queued = any(c.pending or not c.runs for c in cells)
     w.writerow(["dataset", "level", "objective", "selected_lr", "n_seeds", "mean", "std", "paper", "step", "val_mean"]
-               + ["epsilon"] * bool(TABLES[table].pivot))
+               + ["epsilon"] * bool(TABLES[table].pivot) + ["pending"] * queued)
     for c in sorted(cells, key=lambda c: (c.where, c.label)):
-        mean, std = c.stat()
-        val = c.stat("val")[0] if all(r.val is not None for r in c.runs) else None
+        mean, std = c.stat() if c.runs else (None, None)
+        val = c.stat("val")[0] if c.runs and all(r.val is not None for r in c.runs) else None
         ref = paper(table, c.where, c.name)
         w.writerow([c.where[0], f"{c.where[1]:g}", c.label, "" if c.lr is None else f"{c.lr:g}", len(c.runs),
-                    f"{mean:.4f}", "" if std is None else f"{std:.4f}", "" if ref is None else ref, c.step,
-                    "" if val is None else f"{val:.4f}", *(f"{x:g}" for x in c.where[2:])])
+                    "" if mean is None else f"{mean:.4f}", "" if std is None else f"{std:.4f}",
+                    "" if ref is None else ref, c.step if c.runs else "",
+                    "" if val is None else f"{val:.4f}", *(f"{x:g}" for x in c.where[2:])] + [c.pending] * queued)
     return buf.getvalue().rstrip("\n")
 
 
-def render(cells: list[Cell], table: str, fmt: str, lr_caption: str) -> str:
+def render(cells: list[Cell], table: str, fmt: str, lr_caption: str, select: str = "final") -> str:
+    """The table in ``fmt``; Markdown lists the code versions under it, LaTeX in its caption."""
     if fmt == "csv":
         return to_csv(cells, table)
-    head, rows, notes = grid(cells, table)
+    head, rows, notes = grid(cells, table, select)
     notes.append(lr_caption + ".")
     if fmt == "markdown":
         return "\n".join(notes + ["", "| objective | " + " | ".join(head) + " |", "|---|" + "---:|" * len(head)]
-                         + [f"| {label} | " + " | ".join(texts) + " |" for label, texts in rows])
+                         + [f"| {label} | " + " | ".join(texts) + " |" for label, texts in rows]
+                         + ["", code_versions(cells) + "."])
+    notes.append(code_versions(cells) + ".")
 
     def tex(s: str) -> str:  # the table needs \usepackage{booktabs}
         return re.sub(r"[\\_%&#{}$±·]", lambda m: TEX[m.group()], s)
@@ -325,6 +427,12 @@ def main(argv: list[str] | None = None) -> str:
     ap.add_argument("--lr-rule", choices=["per-cell", "global", "none"], default="per-cell")
     ap.add_argument("--format", choices=["markdown", "csv", "latex"], default="markdown")
     ap.add_argument("--out", type=Path, help="also write the table to this file")
+    ap.add_argument("--select", choices=list(SELECT), default="final",
+                    help="the evaluation each run reports: final (default), best-val (test at the best "
+                         "val), best-test (max test: selection on test, optimistic)")
+    ap.add_argument("--queue", type=Path, help="a campaign queue.json: its cells with no run read "
+                    "'pending' (default: the queue.json directly inside a folder given, if any)")
+    ap.add_argument("--no-queue", action="store_true", help="ignore any queue.json")
     args = ap.parse_args(argv)
 
     def log(msg: str) -> None:
@@ -333,15 +441,28 @@ def main(argv: list[str] | None = None) -> str:
     if missing:
         raise SystemExit(f"make_tables: no such folder: {', '.join(missing)}")
     spec = TABLES[args.table]
-    runs = load(args.folders, spec, args.lr_rule, log)
-    if not runs:
+    queue_path = None if args.no_queue else (args.queue or find_queue(args.folders))
+    queue = read_json(queue_path, "queue") if queue_path else None
+    runs = load(args.folders, spec, args.lr_rule, log, args.select)
+    pending = {}
+    if queue is not None:
+        names = {p.parent.name for f in args.folders for p in f.rglob("results.json")}
+        pending = expected_cells(queue, args.table, spec.level, spec.pivot, done_keys(queue_path, names))
+        log(f"queue {queue_path} (version {queue.get('version')}): {sum(n for n, _ in pending.values())} "
+            f"runs in {len(pending)} cells of --table {args.table}, "
+            f"{sum(d for _, d in pending.values())} done")
+    if not runs and not pending:
         needs = f"test_{spec.metric}" + ("" if args.lr_rule == "none" else f" and val_{spec.metric}")
         raise SystemExit(f"make_tables: nothing to place in --table {args.table} (task={spec.task}, needs "
                          f"{needs}); see the lines above")
     label_rows(runs, log)
-    cells, lr_caption = select(runs, args.lr_rule, f"val_{spec.metric}", log)
+    cells, lr_caption = select(runs, args.lr_rule, f"val_{spec.metric}", log) if runs else \
+        ([], "lr: none selected yet (no run done)")
     log(f"placed {sum(len(c.runs) for c in cells)} of {len(runs)} usable runs in {len(cells)} cells")
-    text = render(cells, args.table, args.format, lr_caption)
+    if queue is not None:
+        keys = {e["key"] for e in queue.get("entries", [])}
+        cells = with_pending(cells, pending, queued_labels(runs, keys))
+    text = render(cells, args.table, args.format, lr_caption, args.select)
     print(text)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -7,7 +7,8 @@
 for linear programming", JOTA 121; Mangasarian 2006, "Exact 1-norm support vector machines
 via unconstrained convex differentiable minimization", JMLR 7; Meng et al. 2021 (seed 002).
 """
-from solver.errors import LPInputError, LPNotConvergedWarning, LPSolverError
+from solver.errors import (LPInputError, LPNotConvergedWarning, LPSolverError,
+                           LPTimeLimitError, MPSFormatError)
 from solver.layer import LPLayer
 from solver.operators import (DenseOperator, DiagonalOperator, LinearOperator, SparseOperator,
                               as_operator)
@@ -17,6 +18,6 @@ from solver.solve import solve_lp
 from solver.stacked import HStackOperator, VStackOperator
 
 __all__ = ["solve_lp", "LPLayer", "LPSolution", "LPSolverError", "LPInputError",
-           "LPNotConvergedWarning", "SolverOptions", "LinearOperator", "DenseOperator",
+           "LPNotConvergedWarning", "LPTimeLimitError", "MPSFormatError", "SolverOptions", "LinearOperator", "DenseOperator",
            "DiagonalOperator", "SparseOperator", "VStackOperator", "HStackOperator",
            "as_operator"]

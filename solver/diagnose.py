@@ -31,7 +31,7 @@ def not_converged_message(opts, run, bad=None) -> str:
             f"on_fail='warn' to continue with the best point found.")
 
 
-def _phase1(prob, opts, method):
+def _phase1(prob, opts, method, deadline=None):
     z = torch.zeros(prob.B, prob.n, dtype=prob.dtype, device=prob.device)
     delta = opts.delta * diag_scale(prob)
     with torch.no_grad():
@@ -39,7 +39,8 @@ def _phase1(prob, opts, method):
                                                      device=prob.device),
                                  method=method, delta=delta, tol=opts.tol,
                                  max_iter=max(500, 4 * opts.max_iter), max_norm=float("inf"),
-                                 phase1=True, cg_tol=opts.cg_tol, cg_max_iter=opts.cg_max_iter)
+                                 phase1=True, cg_tol=opts.cg_tol, cg_max_iter=opts.cg_max_iter,
+                                 deadline=deadline)
         rA, rE = prob.residuals(z)
         viol = (-z).clamp_min(0).amax(-1)
         if prob.m:
@@ -49,7 +50,7 @@ def _phase1(prob, opts, method):
     return z, viol / prob.h_scale, info["stopped"]
 
 
-def _boxed_unbounded(prob, opts, method, z1):
+def _boxed_unbounded(prob, opts, method, z1, deadline=None):
     from solver.solve import run_eps_loop  # local: solve imports this module
     R = 1e3 * (1.0 + z1.abs().amax(-1, keepdim=True)) * prob.h_scale.unsqueeze(-1)
     ones = torch.ones(prob.n, dtype=prob.dtype, device=prob.device)
@@ -62,15 +63,18 @@ def _boxed_unbounded(prob, opts, method, z1):
     generous = replace(opts, max_iter=max(100, opts.max_iter),
                        max_eps_steps=max(10, opts.max_eps_steps))
     with torch.no_grad():
-        run = run_eps_loop(boxed, z0, eps, generous, choose_method(boxed, "auto"))
+        run = run_eps_loop(boxed, z0, eps, generous, choose_method(boxed, "auto"),
+                           deadline=deadline)
     u_box = run["rec"].uA[:, prob.m:].amax(-1) / prob.c_scale
     return run["done"] & (u_box > 1e3 * opts.tol)
 
 
-def explain(prob, opts, method, run):
-    """(kind, message, bad instance indices) for the LPs that did not converge."""
+def explain(prob, opts, method, run, deadline=None):
+    """(kind, message, bad instance indices) for the LPs that did not converge; ``deadline``
+    (``time.perf_counter()``) bounds the Newton runs of the diagnosis (the caller turns a
+    diagnosis cut short into a time-limit error)."""
     bad = ~run["done"]
-    z1, viol, settled = _phase1(prob, opts, method)
+    z1, viol, settled = _phase1(prob, opts, method, deadline)
     feas_tol = max(opts.tol, 1e-12) ** 0.5
     infeasible = bad & settled & (viol > feas_tol)
     if bool(infeasible.any()):
@@ -81,7 +85,7 @@ def explain(prob, opts, method, run):
             f"violates a constraint by {float(viol[infeasible].max()):.2e} (relative to "
             f"1 + |b|_inf). Check how the constraints are built (signs of b, contradictory "
             f"equalities) or relax them, e.g. with slack variables."), idx
-    unbounded = bad & _boxed_unbounded(prob, opts, method, z1)
+    unbounded = bad & _boxed_unbounded(prob, opts, method, z1, deadline)
     if bool(unbounded.any()):
         idx = unbounded.nonzero().flatten().tolist()
         return "unbounded", (

@@ -14,7 +14,8 @@ class LPSolverError(RuntimeError):
     """The LP could not be solved.
 
     Attributes:
-        kind: ``"infeasible"``, ``"unbounded"``, ``"not_converged"`` or ``"invalid_input"``.
+        kind: ``"infeasible"``, ``"unbounded"``, ``"not_converged"``, ``"time_limit"`` or
+            ``"invalid_input"``.
         stats: the solver diagnostics (same keys as :attr:`LPSolution.stats`) or ``{}``.
         instances: batch indices (flattened) of the offending LPs, where known.
     """
@@ -32,6 +33,25 @@ class LPInputError(LPSolverError, ValueError):
 
     def __init__(self, message: str):
         super().__init__(message, kind="invalid_input")
+
+
+class LPTimeLimitError(LPSolverError):
+    """The solve ran past ``max_seconds`` (``kind="time_limit"``).  The message names what had
+    not converged (KKT residual, Newton steps, eps) and the options to try; ``stats`` holds
+    the diagnostics at the moment the clock ran out."""
+
+    def __init__(self, message: str, *, stats: Mapping[str, Any] | None = None,
+                 instances: list[int] | None = None):
+        super().__init__(message, kind="time_limit", stats=stats, instances=instances)
+
+
+class MPSFormatError(LPInputError):
+    """An MPS file that does not parse; the message names the file, the line number and the
+    line (:mod:`solver.mps`)."""
+
+    def __init__(self, message: str, *, path: str = "", line: int = 0):
+        super().__init__(message)
+        self.path, self.line = path, line
 
 
 class LPNotConvergedWarning(RuntimeWarning):

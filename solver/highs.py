@@ -20,13 +20,14 @@ unless ``compute_dtype`` says otherwise (HiGHS is float64 anyway).
 """
 from __future__ import annotations
 
+import time
 import warnings
 
 import numpy as np
 import torch
 from scipy.optimize import linprog
 
-from solver.errors import LPInputError, LPNotConvergedWarning, LPSolverError
+from solver.errors import LPInputError, LPNotConvergedWarning, LPSolverError, LPTimeLimitError
 from solver.recover import recover_vertex
 from solver.scipy_ops import host_matrix
 
@@ -46,12 +47,17 @@ def _vec(t, i):
     return t[i].detach().cpu().to(torch.float64).numpy()
 
 
-def _solve_one(prob, i, A, E):
+def _solve_one(prob, i, A, E, deadline=None):
     c = _vec(prob.c, i)
     kw = dict(A_ub=A if prob.m else None, b_ub=_vec(prob.b, i) if prob.m else None,
               A_eq=E, b_eq=None if E is None else _vec(prob.b_eq, i),
               bounds=(0, None), method="highs")
+    if deadline is not None:
+        # HiGHS's own clock stops it at the time left (status 1 below)
+        kw["options"] = {"time_limit": max(1e-3, deadline - time.perf_counter())}
     res = linprog(c, **kw)
+    if res.status == 1:
+        return res, "time_limit"
     kind = {2: "infeasible", 3: "unbounded"}.get(res.status)
     if res.status == 4 and "unbounded or infeasible" in res.message.lower():
         # HiGHS's presolve can stop at "unbounded or infeasible": a feasibility LP decides
@@ -70,6 +76,11 @@ def _fail(kind, idx, detail):
         msg = (f"LP unbounded ({where}; HiGHS, forward='highs'): c^T z decreases without "
                f"limit over the feasible set. Add bounds on z (e.g. box rows z <= u in A), "
                f"or check the sign of c (the solver minimises).")
+    elif kind == "time_limit":
+        return LPTimeLimitError(
+            f"HiGHS ran past max_seconds ({where}; forward='highs'/'auto'): {detail} Allow "
+            f"more time (max_seconds=..., None: no bound) or make the LP smaller.",
+            stats={"forward": "highs", "converged": False}, instances=idx)
     else:
         msg = (f"HiGHS did not solve the LP ({where}): {detail} Try forward='newton', or "
                f"rescale the rows of A.")
@@ -77,15 +88,29 @@ def _fail(kind, idx, detail):
                          instances=idx)
 
 
-def highs_forward(prob, opts, method):
+def highs_forward(prob, opts, method, deadline=None, only=None, start=None):
     """Solve every LP of ``prob`` with HiGHS and recover the active set; returns the ``run``
-    dict that :func:`solver.solve.solve_lp` turns into an :class:`LPSolution`."""
+    dict that :func:`solver.solve.solve_lp` turns into an :class:`LPSolution`.
+
+    ``only`` (``forward="auto"``'s hand-off): the batch indices HiGHS solves; every other LP
+    keeps the vertex and multipliers of ``start`` (the Newton run's dict), and the whole batch
+    then goes through the same recovery, so the backward is one active-set solve for all.
+    ``deadline``: a ``time.perf_counter()`` value, passed to HiGHS as its time limit."""
     xs, uA, uz, uE, nit = [], [], [], [], []
     bad = {}
+    todo = set(range(prob.B)) if only is None else set(only)
+    srec = None if start is None else start["rec"]
     for i in range(prob.B):
+        if i not in todo:   # solved by Newton: its certified vertex and multipliers
+            xs.append(_vec(srec.z, i))
+            uA.append(_vec(srec.uA, i))
+            uz.append(_vec(srec.uz, i))
+            uE.append(None if srec.uE is None else _vec(srec.uE, i))
+            nit.append(int(start["iterations"][i]))
+            continue
         A = host_matrix(prob, "A", i)
         E = None if prob.A_eq is None else host_matrix(prob, "A_eq", i)
-        res, kind = _solve_one(prob, i, A, E)
+        res, kind = _solve_one(prob, i, A, E, deadline)
         if res.status != 0:
             bad.setdefault(kind or "not_converged", []).append((i, res.message))
             continue
@@ -96,13 +121,13 @@ def highs_forward(prob, opts, method):
         uz.append(res.lower.marginals)
         uE.append(None if E is None else -res.eqlin.marginals)
         nit.append(res.nit)
-    for kind in ("infeasible", "unbounded", "not_converged"):
+    for kind in ("infeasible", "unbounded", "time_limit", "not_converged"):
         if kind in bad:
             idx = [i for i, _ in bad[kind]]
             raise _fail(kind, idx, bad[kind][0][1])
 
     def t(rows):
-        return torch.as_tensor(np.stack(rows), dtype=prob.dtype)
+        return torch.as_tensor(np.stack(rows), dtype=prob.dtype, device=prob.device)
 
     x = t(xs)
     u = (t(uA), t(uz), None if prob.A_eq is None else t(uE))

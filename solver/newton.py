@@ -25,6 +25,7 @@ iterations with the step function held constant (seed 002 remark 3).
 from __future__ import annotations
 
 import math
+import time
 
 import torch
 
@@ -274,18 +275,47 @@ def _newton_diagonal_one(prob, z, eps, a, a2, b, *, delta, tol, max_iter, step_s
                "cg_iterations": 0}
 
 
+class _StallWatch:
+    """Per-LP progress tracker of the stall detector (``stall_steps``): progress is a penalty
+    value below the best so far by a relative 1e-9, or a gradient norm below half the best so
+    far; an LP without either for ``steps`` consecutive Newton steps is stalled.  (With the
+    exact line search the penalty never increases, so "no decrease" really is no progress;
+    the gradient test keeps a slow but converging tail alive.)"""
+
+    def __init__(self, steps):
+        self.steps, self.best_v, self.best_g, self.since = steps, None, None, None
+
+    def __call__(self, prob, z, eps, rA, rE, gnorm):
+        with torch.no_grad():
+            v = prob.penalty_value(z.detach(), eps, rA.detach(),
+                                   None if rE is None else rE.detach())
+            if self.best_v is None:
+                self.best_v, self.best_g = v, gnorm.clone()
+                self.since = torch.zeros_like(v, dtype=torch.long)
+                return torch.zeros_like(self.since, dtype=torch.bool)
+            progress = (v < self.best_v - 1e-9 * self.best_v.abs()) | (gnorm < 0.5 * self.best_g)
+            self.best_v = torch.minimum(self.best_v, v)
+            self.best_g = torch.where(gnorm < 0.5 * self.best_g, gnorm, self.best_g)
+            self.since = torch.where(progress, torch.zeros_like(self.since), self.since + 1)
+            return self.since >= self.steps
+
+
 def newton_penalty(prob, z, eps, *, method, delta, tol, max_iter, step="exact",
                    step_size=1.0, max_norm=1e10, update=None, phase1=False,
-                   cg_tol=1e-10, cg_max_iter=500, sketch=None):
+                   cg_tol=1e-10, cg_max_iter=500, sketch=None, stall_steps=None,
+                   deadline=None):
     """Minimise ``g_eps`` from ``z`` for every LP of the batch.
 
     Args:
         z: ``[B, n]`` start; eps: ``[B]``; delta: ``[B]`` absolute regularisation.
         update: ``[B]`` bool, LPs to iterate (others are returned unchanged).
         phase1: minimise the infeasibility only (``eps = 0``; feasibility check).
+        stall_steps: stop an LP that made no progress in that many steps (:class:`_StallWatch`).
+        deadline: a ``time.perf_counter()`` value; past it every LP stops (checked per step).
     Returns:
         ``(z, info)`` with ``info = dict(iterations [B], grad_norm [B], diverged [B],
-        stopped [B] (converged or numerically stalled), cg_iterations int)``.
+        stopped [B] (converged or numerically stalled), stalled [B] (the stall detector
+        fired), timed_out bool, cg_iterations int)``.
     """
     if (method == "diagonal" and sketch is None and not phase1 and step == "fixed"
             and type(prob.A) is DiagonalOperator and prob.A_eq is None
@@ -300,12 +330,22 @@ def newton_penalty(prob, z, eps, *, method, delta, tol, max_iter, step="exact",
     gnorm = torch.zeros_like(eps)
     prev = None
     cg_total = 0
+    watch = _StallWatch(stall_steps) if stall_steps else None
+    stalled_lp = torch.zeros_like(active)
+    timed_out = False
     for k in range(max_iter + 1):
         rA, rE = prob.residuals(z)
         grad = prob.penalty_grad(z, eps_eff, rA, rE)
         g_abs = grad.detach().abs().amax(-1)
         gnorm = g_abs / (prob.h_scale if phase1 else eps)
         active = active & ~(gnorm <= tol)
+        if watch is not None:
+            stuck = active & watch(prob, z, eps_eff, rA, rE, gnorm)
+            stalled_lp = stalled_lp | stuck
+            active = active & ~stuck
+        if deadline is not None and time.perf_counter() > deadline:
+            timed_out = True
+            break
         wA = (rA.detach() > 0).to(z.dtype)
         wz = (z.detach() < 0).to(z.dtype)
         # an LP still active at pass k has been active (and counted) at every earlier pass,
@@ -345,4 +385,5 @@ def newton_penalty(prob, z, eps, *, method, delta, tol, max_iter, step="exact",
         diverged = diverged | (big & active)
         active = active & ~big
     return z, {"iterations": iters, "grad_norm": gnorm, "diverged": diverged,
-               "stopped": ~active & ~diverged, "cg_iterations": cg_total}
+               "stopped": ~active & ~diverged, "stalled": stalled_lp, "timed_out": timed_out,
+               "cg_iterations": cg_total}

@@ -74,8 +74,23 @@ class SolverOptions:
     unrolled_eps_steps: int = 2
     # "newton": the penalty Newton method above (batched, CPU or GPU); "highs": scipy's HiGHS
     # solves each LP on the CPU and the same active-set backward differentiates it -- the
-    # faster exact forward for one large general LP (solver/highs.py)
-    forward: str = "newton"
+    # faster exact forward for one large general LP (solver/highs.py); "auto": Newton, except
+    # that a general LP (dense or torch.sparse A) on the CPU that is large (n >= 256: there
+    # Newton took 17-564x HiGHS's time on the random sparse LPs of results/solver/) goes to
+    # HiGHS directly, and one that stalls, does not converge or runs past half of max_seconds
+    # is handed to HiGHS; structured operators, separable LPs, GPU data and
+    # backward="unrolled" keep Newton (HiGHS cannot batch them on the device)
+    forward: str = "auto"
+    # wall-clock bound of one solve_lp call (seconds; None: no bound).  Past it the solve
+    # raises LPTimeLimitError naming the residuals and steps reached.  60 s: 30x the slowest
+    # training LP measured (AUC batch 4,096: 1.8 s) and 1,000x HiGHS on the netlib LPs of
+    # results/solver/public_lps.md, so it only fires on a solve that would not finish
+    max_seconds: float | None = 60.0
+    # stall detector: an LP whose penalty value has not dropped by a relative 1e-9 and whose
+    # gradient norm has not reached a new low (x 0.5) within stall_steps Newton steps stops
+    # that eps stage (it would spend the rest of max_iter there); forward="auto" hands it to
+    # HiGHS.  Converging stages on the test LPs take 2-30 steps and improve every few steps
+    stall_steps: int = 25
     # capture-safe path (solver/capture.py) for separable LPs (A a DiagonalOperator, no
     # equalities: the AUC-family LPs): fixed shapes, fixed_iters Newton steps in each of
     # fixed_eps_stages eps stages, finished LPs masked (never changed again), no host sync in
@@ -129,7 +144,14 @@ class SolverOptions:
         yield self.on_fail in ("raise", "warn"), f"on_fail={self.on_fail!r} must be 'raise' or 'warn'"
         yield (self.sketch in (None, "gaussian", "sampling"),
                f"sketch={self.sketch!r} must be None, 'gaussian' or 'sampling'")
-        yield (self.forward in ("newton", "highs"), f"forward={self.forward!r} must be 'newton' or 'highs'")
+        yield (self.forward in ("auto", "newton", "highs"),
+               f"forward={self.forward!r} must be 'auto', 'newton' or 'highs'")
+        yield (self.max_seconds is None or (_is_real(self.max_seconds)
+                                            and not math.isnan(self.max_seconds)
+                                            and self.max_seconds > 0),
+               f"max_seconds={self.max_seconds!r} must be a number > 0 (seconds; None: no "
+               f"bound)")
+        yield count("stall_steps", 2)
         yield (self.linear_solver in ("auto",) + LINEAR_SOLVERS,   # linsolve owns the list
                f"linear_solver={self.linear_solver!r} must be auto, " + ", ".join(LINEAR_SOLVERS))
         for name in ("eps", "tol", "cg_tol"):

@@ -25,10 +25,10 @@ from dataclasses import fields
 
 import torch
 
-from solver.errors import LPInputError, LPNotConvergedWarning, LPSolverError
+from solver.errors import LPInputError, LPNotConvergedWarning, LPSolverError, LPTimeLimitError
 from solver.highs import check_call, highs_forward
 from solver.implicit import active_set_output, unrolled_output
-from solver.linsolve import NewtonSystem, choose_method, diag_scale
+from solver.linsolve import SPARSE_MIN_N, NewtonSystem, choose_method, diag_scale
 from solver.newton import newton_penalty
 from solver.options import SolverOptions
 from solver.problem import build_problem
@@ -107,7 +107,7 @@ def run_from_guess(prob, opts, method):
             "diverged": torch.zeros_like(done), "iterations": zeros, "eps_steps": zeros, "cg_iterations": 0}
 
 
-def _warmup(prob, z, eps, opts, method, delta, sketch):
+def _warmup(prob, z, eps, opts, method, delta, sketch, deadline=None):
     """Newton from ``eps * decay^-k`` down to ``eps / decay`` (the first ``k`` with
     ``eps * decay^-k >= eps_warmup * max(h_scale)``), no recovery (see
     :class:`solver.options.SolverOptions`).  An LP whose iterate diverges at a large eps
@@ -123,19 +123,26 @@ def _warmup(prob, z, eps, opts, method, delta, sketch):
                                      delta=delta, tol=0.1 * opts.tol, max_iter=opts.max_iter,
                                      step=opts.step, step_size=opts.step_size,
                                      max_norm=opts.max_norm, update=ok, cg_tol=opts.cg_tol,
-                                     cg_max_iter=opts.cg_max_iter, sketch=sketch)
+                                     cg_max_iter=opts.cg_max_iter, sketch=sketch,
+                                     stall_steps=opts.stall_steps, deadline=deadline)
         ok = ok & ~info["diverged"]
         z = torch.where(ok.unsqueeze(-1), z_new, z)
         iters = iters + info["iterations"]
+        if info.get("timed_out"):
+            break
     return z, iters
 
 
-def run_eps_loop(prob, z, eps, opts, method, extra_steps=0):
+def run_eps_loop(prob, z, eps, opts, method, extra_steps=0, deadline=None, handoff=False):
     """Steps 1-3 for the whole batch; returns a dict describing the final state.
 
     ``extra_steps`` (unrolled backward): after acceptance keep decreasing eps a few times and
     iterate on (the vertex does not change for eps <= eps-bar, but the unrolled iterate
-    ``z_eps = z* + O(eps)`` and its Jacobian get closer to the vertex's)."""
+    ``z_eps = z* + O(eps)`` and its Jacobian get closer to the vertex's).
+    ``deadline`` (a ``time.perf_counter()`` value): past it the loop stops where it is and
+    the run says ``timed_out``.  ``handoff`` (``forward="auto"``): an LP the stall detector
+    stopped leaves the loop at once, unsolved (the caller hands it to HiGHS); without it the
+    stall only ends that eps stage early and the next, smaller eps tries again."""
     delta = opts.delta * diag_scale(prob)
     sketch = make_sketch(prob, opts)
     B = prob.B
@@ -144,20 +151,27 @@ def run_eps_loop(prob, z, eps, opts, method, extra_steps=0):
     iters = torch.zeros(B, dtype=torch.long, device=prob.device)
     steps = torch.zeros_like(iters)
     acc, cg_total = None, 0
-    z, warm_iters = _warmup(prob, z, eps, opts, method, delta, sketch)
+    stalled = torch.zeros_like(done)
+    timed_out = False
+    z, warm_iters = _warmup(prob, z, eps, opts, method, delta, sketch, deadline)
     iters = iters + warm_iters
     zp_acc = z
     for stage in range(opts.max_eps_steps + 1):
-        todo = ~done & ~diverged
+        todo = ~done & ~diverged & ~(stalled if handoff else torch.zeros_like(stalled))
         # Newton's own stopping tolerance is tighter than the KKT check it feeds
         z, info = newton_penalty(prob, z, eps, method=method, delta=delta,
                                  tol=0.1 * opts.tol, max_iter=opts.max_iter, step=opts.step,
                                  step_size=opts.step_size, max_norm=opts.max_norm,
                                  update=todo, cg_tol=opts.cg_tol,
-                                 cg_max_iter=opts.cg_max_iter, sketch=sketch)
+                                 cg_max_iter=opts.cg_max_iter, sketch=sketch,
+                                 stall_steps=opts.stall_steps, deadline=deadline)
         iters = iters + info["iterations"]
         cg_total += info["cg_iterations"]
         diverged = diverged | info["diverged"]
+        if "stalled" in info:
+            stalled = stalled | info["stalled"]
+        timed_out = timed_out or info.get("timed_out", False) or (
+            deadline is not None and time.perf_counter() > deadline)
         rec = recover(prob, z, eps, method=method, active_tol=opts.active_tol,
                       cg_tol=opts.cg_tol, cg_max_iter=4 * opts.cg_max_iter,
                       accept_tol=opts.tol)
@@ -167,11 +181,12 @@ def run_eps_loop(prob, z, eps, opts, method, extra_steps=0):
         zp_acc = z if stage == 0 else torch.where(todo.unsqueeze(-1), z, zp_acc)
         done = done | ok
         last_todo = todo
-        if bool((done | diverged).all()) or stage == opts.max_eps_steps:
+        finished = done | diverged | (stalled if handoff else torch.zeros_like(stalled))
+        if timed_out or bool(finished.all()) or stage == opts.max_eps_steps:
             break
         eps = torch.where(done | diverged, eps, eps * opts.eps_decay)
         steps = steps + (~done & ~diverged).long()
-    for _ in range(extra_steps):
+    for _ in range(0 if timed_out else extra_steps):
         eps = torch.where(done, eps * opts.eps_decay, eps)
         z, info = newton_penalty(prob, zp_acc, eps, method=method, delta=delta, tol=opts.tol,
                                  max_iter=opts.max_iter, step=opts.step,
@@ -187,7 +202,48 @@ def run_eps_loop(prob, z, eps, opts, method, extra_steps=0):
                                   pinv=True, cg_tol=opts.cg_tol,
                                   cg_max_iter=4 * opts.cg_max_iter)
     return {"rec": acc, "zp": zp_acc, "eps": eps, "done": done, "diverged": diverged,
-            "iterations": iters, "eps_steps": steps, "cg_iterations": cg_total}
+            "iterations": iters, "eps_steps": steps, "cg_iterations": cg_total,
+            "stalled": stalled & ~done, "timed_out": timed_out}
+
+
+# forward="auto": share of max_seconds that Newton may spend before a hand-off to HiGHS
+AUTO_NEWTON_SHARE = 0.5
+
+
+def _route(c, A, A_eq, opts, backward) -> str:
+    """``"newton"``, ``"highs"`` or ``"auto"`` (Newton with a hand-off to HiGHS) for this call.
+
+    ``forward="auto"`` means HiGHS may serve the call only where it can: a general LP (``A``
+    and ``A_eq`` dense or ``torch.sparse`` tensors, not structured operators) on the CPU with
+    the active-set backward and no sketch.  Such an LP with ``n >= SPARSE_MIN_N`` and no
+    ``vertex_guess``/``warm_start`` goes to HiGHS at once (large: see
+    :class:`solver.options.SolverOptions`); a smaller one runs Newton with the hand-off."""
+    if opts.forward != "auto":
+        return opts.forward
+    mats = [M for M in (A, A_eq) if M is not None]
+    general = all(isinstance(M, torch.Tensor) for M in mats)
+    if not (general and c.device.type == "cpu" and backward == "active_set"
+            and opts.sketch is None):
+        return "newton"
+    if (c.shape[-1] >= SPARSE_MIN_N and opts.vertex_guess is None
+            and opts.warm_start is None):
+        return "highs"
+    return "auto"
+
+
+def _time_limit_error(opts, run, stats):
+    bad = (~run["done"]).nonzero().flatten().tolist()
+    where = f"batch instances {bad[:10]}{'...' if len(bad) > 10 else ''}"
+    return LPTimeLimitError(
+        f"LP solve ran past max_seconds={opts.max_seconds:g} ({stats['seconds']:.2f} s) "
+        f"before converging ({where}): KKT residual {stats['kkt_residual']:.2e} > "
+        f"tol={opts.tol:.1e} (primal infeasibility {stats['primal_infeasibility']:.1e}, dual "
+        f"residual {stats['dual_residual']:.1e}, duality gap {stats['duality_gap']:.1e}) "
+        f"after {stats['iterations']} Newton steps and {stats['eps_steps']} eps reductions "
+        f"(eps {stats['eps']:.1e}). Try forward='highs' (or the default forward='auto') for a "
+        f"general LP on the CPU, a larger max_seconds (None: no bound), "
+        f"compute_dtype=torch.float64 for float32 data, or rescaling the rows of A.",
+        stats=stats, instances=bad)
 
 
 def _stats(prob, run, method, seconds, forward="newton"):
@@ -297,7 +353,9 @@ def solve_lp(c, A, b, A_eq=None, b_eq=None, *, backward: str = "active_set",
         from solver.capture import solve_capture_safe   # it imports this module
         return solve_capture_safe(c, A, b, A_eq, b_eq, backward, opts)
     t0 = time.perf_counter()
-    highs = opts.forward == "highs"
+    deadline = None if opts.max_seconds is None else t0 + opts.max_seconds
+    route = _route(c, A, A_eq, opts, backward)
+    highs = route == "highs"
     # HiGHS computes in float64: so does its recovery unless compute_dtype says otherwise
     prob = build_problem(c, A, b, A_eq, b_eq,
                          compute_dtype=opts.compute_dtype or (torch.float64 if highs else None))
@@ -305,9 +363,12 @@ def solve_lp(c, A, b, A_eq=None, b_eq=None, *, backward: str = "active_set",
         return empty_solution(prob, c, b, time.perf_counter() - t0, opts.forward)
     method = choose_method(prob, opts.linear_solver, unrolled=backward == "unrolled")
     opts = opts.resolved(prob.dtype, separable=method == "diagonal")
+    if route == "auto" and method == "diagonal":
+        route = "newton"            # separable: Newton needs <= a few steps, no hand-off
+    forward = route
     if highs:   # failures raise (or warn) inside, with the same typed errors
         check_call(prob, backward)
-        run = highs_forward(prob, opts, method)
+        run = highs_forward(prob, opts, method, deadline)
     else:
         run = None
         if opts.vertex_guess is not None and backward != "unrolled":
@@ -315,14 +376,33 @@ def solve_lp(c, A, b, A_eq=None, b_eq=None, *, backward: str = "active_set",
         if run is None:
             z0, eps0 = _initial_point(prob, opts)
             unrolled = backward == "unrolled" and torch.is_grad_enabled()
+            handoff = route == "auto"
+            # auto: Newton gets half the time, HiGHS keeps the rest for a hand-off
+            newton_deadline = deadline if not handoff or deadline is None else \
+                t0 + AUTO_NEWTON_SHARE * opts.max_seconds
             with torch.set_grad_enabled(unrolled):
                 run = run_eps_loop(prob, z0, eps0, opts, method,
-                                   opts.unrolled_eps_steps if backward == "unrolled" else 0)
+                                   opts.unrolled_eps_steps if backward == "unrolled" else 0,
+                                   deadline=newton_deadline, handoff=handoff)
+        if route == "auto" and not bool(run["done"].all()):
+            # stalled, not converged, out of Newton's time, or diverged (HiGHS then names
+            # the LP infeasible or unbounded): HiGHS solves those, the rest keep Newton's
+            only = (~run["done"]).nonzero().flatten().tolist()
+            run = highs_forward(prob, opts, method, deadline, only=only, start=run)
+            highs = True
+            forward = "highs" if len(only) == prob.B else "newton+highs"
+        else:
+            forward = "newton"
     rec = run["rec"]
     if not highs and not bool(run["done"].all()):
         stats, _ = _stats(prob, run, method, time.perf_counter() - t0)
-        kind, msg, bad = diagnose.explain(prob, opts, method, run) if opts.diagnose else \
+        if run.get("timed_out"):
+            raise _time_limit_error(opts, run, stats)
+        kind, msg, bad = diagnose.explain(prob, opts, method, run, deadline) \
+            if opts.diagnose else \
             ("not_converged", diagnose.not_converged_message(opts, run), [])
+        if kind == "not_converged" and deadline is not None and time.perf_counter() > deadline:
+            raise _time_limit_error(opts, run, stats)
         if kind != "not_converged" or opts.on_fail == "raise":
             raise LPSolverError(msg, kind=kind, stats=stats, instances=bad)
         warnings.warn(msg, LPNotConvergedWarning, stacklevel=2)
@@ -333,7 +413,7 @@ def solve_lp(c, A, b, A_eq=None, b_eq=None, *, backward: str = "active_set",
     out_dtype = c.dtype
     z_out = prob.unflatten(z, (prob.n,)).to(out_dtype)
     value = (prob.unflatten(prob.c, (prob.n,)).to(out_dtype) * z_out).sum(-1)
-    stats, per = _stats(prob, run, method, time.perf_counter() - t0, opts.forward)
+    stats, per = _stats(prob, run, method, time.perf_counter() - t0, forward)
     return LPSolution(
         z=z_out, value=value,
         dual=prob.unflatten(rec.uA, (prob.m,)).to(out_dtype),

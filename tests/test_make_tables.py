@@ -39,9 +39,16 @@ def fake_run(folder: Path, *, objective="auc_lp", dataset="cifar10", level=0.1, 
 
 
 def table(capsys, *args) -> tuple[list[str], str]:
+    """Markdown lines without the code-versions footer (tested on its own), and stderr."""
     make_tables.main([str(a) for a in args])
     out = capsys.readouterr()
-    return out.out.splitlines(), out.err
+    return strip_footer(out.out.splitlines()), out.err
+
+
+def strip_footer(lines: list[str]) -> list[str]:
+    if len(lines) > 2 and lines[-2] == "" and lines[-1].startswith("code versions: "):
+        return lines[:-2]
+    return lines
 
 
 def test_seeds_pool_into_one_cell_with_mean_std_n(tmp_path, capsys):
@@ -218,7 +225,7 @@ def test_cli_exits_nonzero_when_nothing_is_found(tmp_path):
     assert empty.stdout == ""
     fake_run(tmp_path / "lp", test=0.72)
     ok = subprocess.run(cmd + ["--out", str(tmp_path / "t.md")], cwd=ROOT, capture_output=True, text=True, check=True)
-    assert ok.stdout.splitlines()[-1] == "| auc_lp | 72.0 (n=1) [paper 72.5] |"
+    assert strip_footer(ok.stdout.splitlines())[-1] == "| auc_lp | 72.0 (n=1) [paper 72.5] |"
     assert (tmp_path / "t.md").read_text() == ok.stdout
 
 

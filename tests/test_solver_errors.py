@@ -97,7 +97,7 @@ def _hard_lp():
 
 def test_not_converged_raises_with_stats():
     with pytest.raises(LPSolverError) as err:
-        solve_lp(*_hard_lp(), max_iter=1, max_eps_steps=0)
+        solve_lp(*_hard_lp(), max_iter=1, max_eps_steps=0, forward="newton")
     assert err.value.kind == "not_converged"
     assert err.value.stats["converged"] is False and "kkt_residual" in err.value.stats
     assert "max_iter" in str(err.value)
@@ -106,7 +106,8 @@ def test_not_converged_raises_with_stats():
 def test_not_converged_warns_on_request():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        sol = solve_lp(*_hard_lp(), max_iter=1, max_eps_steps=0, on_fail="warn")
+        sol = solve_lp(*_hard_lp(), max_iter=1, max_eps_steps=0, on_fail="warn",
+                       forward="newton")
     assert any(issubclass(w.category, LPNotConvergedWarning) for w in caught)
     assert sol.stats["converged"] is False and torch.isfinite(sol.z).all()
 
@@ -132,7 +133,10 @@ def test_empty_batch_returns_an_empty_solution():
     ("delta", -1e-6, r"delta=-1e-06 must be a finite number >= 0 or None"),
     ("max_iter", 0, r"max_iter=0 must be an integer >= 1"),
     ("eps_decay", 1.0, r"eps_decay=1.0 must be in \(0, 1\)"),
-    ("forward", "simplex", r"forward='simplex' must be 'newton' or 'highs'"),
+    ("forward", "simplex", r"forward='simplex' must be 'auto', 'newton' or 'highs'"),
+    ("max_seconds", 0, r"max_seconds=0 must be a number > 0"),
+    ("max_seconds", -1.0, r"max_seconds=-1.0 must be a number > 0"),
+    ("stall_steps", 1, r"stall_steps=1 must be an integer >= 2"),
     ("max_norm", float("nan"), r"max_norm=nan must be a number > 0"),
     ("linear_solver", "chol", r"linear_solver='chol' must be auto, diagonal, cholesky, cg, sparse"),
 ])
