@@ -1,5 +1,7 @@
-"""Direct loss minimization for AP: the DP against brute force, AP against scikit-learn, the
-gradient formula, and a smoke run through the trainer's calls."""
+"""AP as the direct-loss task loss (baselines/direct_loss_ap.py): the DP against brute force, AP
+against scikit-learn, the gradient formula, and ``objective=direct_ap`` (the alias of
+``direct_loss task_loss=ap``) through the trainer's calls. The other updates and the 0-1 loss:
+tests/test_baselines_direct_loss.py."""
 from __future__ import annotations
 
 import itertools
@@ -7,13 +9,11 @@ import itertools
 import numpy as np
 import pytest
 import torch
-from omegaconf import OmegaConf
 from sklearn.metrics import average_precision_score
 
-from baselines.direct_ap import (DirectAP, ap_loss_of_ranking, loss_augmented_ranking,
-                                 ranking_signs)
+from baselines.direct_loss import DirectLoss
+from baselines.direct_loss_ap import ap_loss_of_ranking, loss_augmented_ranking, ranking_signs
 from builders import instantiate_runtime
-from tests.test_configs import CONFIGS
 from tests.helpers import trainer_step
 
 
@@ -53,7 +53,7 @@ def test_dp_equals_brute_force_over_interleavings(P, N, sign):
     for epsilon in (0.05, 0.5, 3.0):  # from "rarely changes the ranking" to "dominates F"
         pos = np.sort(rng.normal(size=P))[::-1]
         neg = np.sort(rng.normal(size=N))[::-1]
-        above, value = loss_augmented_ranking(pos, neg, epsilon, sign)
+        above, value = loss_augmented_ranking(pos, neg, sign * epsilon)
         best, arg = brute_force(pos, neg, epsilon, sign)
         assert value == pytest.approx(best, abs=1e-12)
         np.testing.assert_array_equal(above, arg)
@@ -65,7 +65,7 @@ def test_sorted_interleavings_suffice(P, N, sign):
     """Observation 1: the max over *all* orderings is attained by a sorted interleaving."""
     rng = np.random.default_rng(7 * P + N)
     pos, neg = np.sort(rng.normal(size=P))[::-1], np.sort(rng.normal(size=N))[::-1]
-    _, value = loss_augmented_ranking(pos, neg, 0.7, sign)
+    _, value = loss_augmented_ranking(pos, neg, sign * 0.7)
     best, _ = brute_force(pos, neg, 0.7, sign, orders=True)
     assert value == pytest.approx(best, abs=1e-12)
 
@@ -78,7 +78,7 @@ def test_ap_loss_equals_sklearn(seed):
     labels[:2] = [0, 1]
     scores = rng.normal(size=n)
     logits = torch.tensor(np.stack([np.zeros(n), scores], 1), requires_grad=True)
-    loss = DirectAP(epsilon=0.1)(logits, torch.from_numpy(labels))
+    loss = DirectLoss("ap", "positive", epsilon=0.1)(logits, torch.from_numpy(labels))
     assert loss.item() == pytest.approx(1 - average_precision_score(labels, scores), abs=1e-12)
 
 
@@ -89,13 +89,14 @@ def test_gradient_is_the_direct_loss_formula(sign):
     labels = torch.from_numpy((rng.random(n) < 0.4).astype(np.int64))
     margins = rng.normal(size=n)
     logits = torch.tensor(np.stack([np.zeros(n), margins], 1), requires_grad=True)
-    DirectAP(epsilon=eps, sign=sign)(logits, labels).backward()
+    update = "positive" if sign > 0 else "negative"
+    DirectLoss("ap", update, epsilon=eps)(logits, labels).backward()
     pos_idx = np.where(labels.numpy() == 1)[0]
     neg_idx = np.where(labels.numpy() == 0)[0]
     pos_idx = pos_idx[np.argsort(-margins[pos_idx])]
     neg_idx = neg_idx[np.argsort(-margins[neg_idx])]
     pos, neg = margins[pos_idx], margins[neg_idx]
-    above_d, _ = loss_augmented_ranking(pos, neg, eps, sign)
+    above_d, _ = loss_augmented_ranking(pos, neg, sign * eps)
     y_d, y_w = ranking_signs(above_d, len(neg)), np.sign(pos[:, None] - neg[None, :])
     scale = 1.0 / (len(pos) * len(neg))
     expected = np.zeros(n)  # d F(y)/d phi_m = scale * sum_n y_mn ; d/d phi_n = -scale * sum_m y_mn
@@ -108,24 +109,16 @@ def test_gradient_is_the_direct_loss_formula(sign):
     assert np.abs(expected).sum() > 0  # eps = 0.2 does change the ranking on this batch
 
 
-def test_degenerate_batches_and_bad_arguments():
-    logits = torch.randn(5, 2, requires_grad=True)
-    loss = DirectAP()(logits, torch.ones(5, dtype=torch.long))
-    loss.backward()
-    assert loss.item() == 0.0 and torch.all(logits.grad == 0)
-    with pytest.raises(ValueError, match="sign"):
-        DirectAP(sign=0)
-    with pytest.raises(ValueError, match="epsilon"):
-        DirectAP(epsilon=0.0)
+def test_perfect_ranking_has_zero_loss():
     assert ap_loss_of_ranking(np.zeros(3, dtype=np.int64)) == 0.0
 
 
-def test_smoke_training_improves_ap():
+def test_smoke_training_improves_ap(compose_cfg):
     torch.manual_seed(0)
     x = torch.randn(512, 5)
     y = (x[:, 0] - x[:, 1] + 0.3 * torch.randn(512) > 0.8).long()
     model = torch.nn.Linear(5, 2)
-    objective = instantiate_runtime(OmegaConf.load(CONFIGS / "objective" / "direct_ap.yaml"),
+    objective = instantiate_runtime(compose_cfg(["objective=direct_ap"]).objective,
                                     pos_ratio=0.3, num_classes=2)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
 
@@ -139,4 +132,4 @@ def test_smoke_training_improves_ap():
         idx = torch.randint(0, 512, (64,))
         trainer_step(model, objective, optimizer, x[idx], y[idx], step)
     assert full_ap() > max(start, 0.9)
-    assert "direct_ap_loss" in objective.pop_stats()
+    assert "task_loss" in objective.pop_stats()
