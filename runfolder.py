@@ -153,6 +153,9 @@ ADDED_DEFAULTS = {
     "trainer.checkpoints": True,   # checkpoint-free runs (issue 9); before it: always written
     "objective.pair_layout": "masked",   # dense AUC pairs (issue 9); before it: masked (objectives
                                          # without the key get it on both sides: no difference)
+    "dataset.split": "paper",            # authors' split option (issue 18); before it: the paper's
+    "dataset.normalize": "per_channel",  # per-image option (issue 18); before it: per channel
+    "scheduler.stages": None,            # stage schedule option (issue 18); before it: milestones
 }
 
 

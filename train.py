@@ -44,7 +44,8 @@ from tqdm import tqdm
 import metrics
 import provenance
 import runfolder
-from builders import autocast_dtype, build_model, instantiate_runtime, predict, resolve_device, runtime_values
+from builders import (autocast_dtype, build_model, build_scheduler, instantiate_runtime, predict,
+                      resolve_device, runtime_values)
 from data import build_data
 from data.stream import STREAM_VERSION, BatchStream
 from data.errors import DamagedDatasetError, DatasetNotFoundError, SplitError
@@ -199,6 +200,13 @@ class Run:
     def primary(self) -> str:
         return PRIMARY_METRIC[self.bundle.task]
 
+    @property
+    def eval_splits(self) -> tuple[str, ...]:
+        """``("val", "test")``; ``("test",)`` when the split holds no validation data out
+        (``dataset.split=authors``): then no ``val_*`` metrics, no best-val selection (``best_val``
+        null, no ``best.pt``), and nothing ever selects on test in its place."""
+        return ("val", "test") if len(self.bundle.val) else ("test",)
+
     def attach_optimizer(self, model: torch.nn.Module | None = None) -> None:
         """Build the optimizer and schedule over ``model`` (default: the run's own; the packed
         launcher passes the run's view into the packed storage)."""
@@ -206,8 +214,7 @@ class Run:
         param_groups = [{"params": list(self.model.parameters())}] + self.objective.extra_param_groups()
         self.optimizer = built("optimizer", cfg,
                                lambda: instantiate(cfg.optimizer, _partial_=True)(params=param_groups))
-        self.scheduler = torch.optim.lr_scheduler.MultiStepLR(
-            self.optimizer, milestones=list(cfg.scheduler.milestones), gamma=cfg.scheduler.gamma)
+        self.scheduler = build_scheduler(cfg.scheduler, self.optimizer)
 
     def evaluate(self, step: int, losses: list[float], timings: dict,
                  rng: Callable[[], dict] | None = None) -> dict[str, Any]:
@@ -220,7 +227,7 @@ class Run:
         cfg, run_dir = self.cfg, self.run_dir
         row = {"step": step, "lr": self.optimizer.param_groups[0]["lr"],
                "train_loss": statistics.fmean(losses) if losses else math.nan}
-        for split in ("val", "test"):
+        for split in self.eval_splits:
             row.update({f"{split}_{k}": v
                         for k, v in evaluate(self.model, self.bundle, split, cfg, self.device).items()})
         row.update(self.objective.pop_stats())
@@ -232,7 +239,7 @@ class Run:
         runfolder.write_metrics_csv(self.rows, run_dir / runfolder.METRICS)
         key = f"val_{self.primary}"
         keep = cfg.trainer.get("checkpoints", True)
-        if self.best is None or row[key] > self.best[key]:
+        if key in row and (self.best is None or row[key] > self.best[key]):
             self.best = dict(row)
             if keep:
                 runfolder.save_best({"step": step, "model": self.model.state_dict(), "config": self.resolved},
@@ -266,6 +273,11 @@ class Run:
             "provenance": provenance.record(self.device),   # code version and machine (issue 18)
             **extra,
         }
+        if "val" not in self.eval_splits:
+            results["val_split"] = (f"none: dataset.split={self.cfg.dataset.get('split')} holds no "
+                                    "validation data out, so there are no val metrics, best_val is "
+                                    "null and no best.pt is written; final is the last evaluation "
+                                    "and nothing is selected on test")
         runfolder.write_results(results, self.run_dir)
         return results
 
@@ -378,7 +390,8 @@ def train(cfg: DictConfig, run_dir: Path, choices: dict[str, str] | None = None)
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="config")
 def main(cfg: DictConfig) -> float:
-    """Hydra entry point; returns the final validation metric so sweepers can optimise it.
+    """Hydra entry point; returns the final validation metric so sweepers can optimise it (NaN
+    for a split without validation data, ``dataset.split=authors``: never the test metric).
 
     User errors (:data:`USER_ERRORS`) reach Hydra as :class:`RunError`, which it prints as one
     message without a traceback."""
@@ -388,7 +401,7 @@ def main(cfg: DictConfig) -> float:
         results = train(cfg, Path(hydra_cfg.runtime.output_dir), choices=choices)
     except USER_ERRORS as err:
         raise RunError(f"{type(err).__name__}: {err}") from err
-    return float(results["final"][f"val_{results['primary_metric']}"])
+    return float(results["final"].get(f"val_{results['primary_metric']}", math.nan))
 
 
 if __name__ == "__main__":

@@ -9,7 +9,12 @@ Each failure is a :class:`ConfigError` whose message names the key, the value an
   ``trainer.max_grad_norm`` is null or finite > 0; ``trainer.eval_bn`` is eval or train; ``trainer.precision`` fp32 or bf16;
   ``trainer.checkpoints`` a boolean;
   ``trainer.init_from`` names an existing file; ``optimizer.lr`` is finite and >= 0;
-* ``resume`` is false, true or force; ``dataset.task`` is binary or multiclass;
+* ``seed`` is an integer; ``resume`` is false, true or force; ``dataset.task`` is binary or
+  multiclass; ``dataset.neg_keep`` / ``drop_rate`` are numbers the task accepts
+  (:func:`data.imbalance.drop_fraction`, the rule the split builder applies);
+  ``dataset.split`` is paper or authors, ``dataset.normalize`` per_channel or per_image;
+* ``scheduler.stages`` is null or ``{first, growth}`` that :class:`builders.StageDecayLR` accepts,
+  and then ``scheduler.milestones`` is empty (one schedule, not two stacked);
 * ``device`` exists on this machine (``device=cuda`` without a GPU fails here, not after the data);
 * the objective can train the task (``Objective.tasks``: a binary AUC / ratio loss on a
   multi-class split is refused) and gets at least ``Objective.min_batch_size`` samples per batch
@@ -21,7 +26,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -78,9 +83,68 @@ def _positive_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _error(check: Callable[[], Any]) -> list[str]:
+    """``[message]`` of the ``ValueError`` that ``check()`` raises (none: ``[]``): the rule lives
+    where the value is used, and is checked here before anything is built."""
+    try:
+        check()
+    except ValueError as err:
+        return [str(err)]
+    return []
+
+
+def data_config_problems(cfg: DictConfig) -> list[str]:
+    """The ``dataset`` keys the split builder and the datasets read (before any data are read)."""
+    from data.datasets import check_normalize
+    from data.imbalance import drop_fraction
+    from data.splits import PROTOCOLS
+
+    problems, ds = [], cfg.dataset
+    numbers = {k: ds.get(k, d) for k, d in (("neg_keep", 1.0), ("drop_rate", 0.0))}
+    for key, value in numbers.items():
+        if not _number(value):
+            problems.append(f"dataset.{key}={value!r} must be a number, e.g. dataset.{key}="
+                            f"{ {'neg_keep': 0.1, 'drop_rate': 0.9}[key]}")
+    if not problems and ds.get("task") in TASKS:
+        problems += _error(lambda: drop_fraction(ds.task, float(numbers["neg_keep"]),
+                                                 float(numbers["drop_rate"])))
+    if ds.get("split", "paper") not in PROTOCOLS:
+        problems.append(f"dataset.split={ds.get('split')!r} must be one of {', '.join(PROTOCOLS)} "
+                        "(authors: the official train split, no validation hold-out)")
+    return problems + _error(lambda: check_normalize(ds.get("normalize", "per_channel")))
+
+
+def scheduler_problems(cfg: DictConfig) -> list[str]:
+    """``scheduler.stages`` (the authors' stage schedule) against ``scheduler.milestones``."""
+    from builders import StageDecayLR
+
+    sched = cfg.get("scheduler") or {}
+    stages = sched.get("stages")
+    if not stages:
+        return []
+    if not isinstance(stages, DictConfig):
+        return [f"scheduler.stages={stages!r} must be null or {{first: 2000, growth: 3}}"]
+    problems = []
+    if list(sched.get("milestones") or []):
+        problems.append(f"scheduler.milestones={list(sched.milestones)} and scheduler.stages are both "
+                        "set; the lr would drop at both: set scheduler.milestones=[] for the stage "
+                        "schedule, or scheduler.stages=null for the milestones")
+    dummy = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+    return problems + _error(lambda: StageDecayLR(dummy, first=stages.get("first"),
+                                                  growth=stages.get("growth", 3.0), gamma=sched.gamma))
+
+
 def static_problems(cfg: DictConfig) -> list[str]:
     """What is wrong with ``cfg`` before any data exist (each item: key, value, fix)."""
     problems = []
+    seed = cfg.get("seed")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        problems.append(f"seed={seed!r} must be an integer (it seeds the split, the initial weights "
+                        "and the batch order), e.g. seed=0")
     trainer = cfg.trainer
     for key in POSITIVE_INTS:
         value = trainer.get(key)
@@ -107,6 +171,7 @@ def static_problems(cfg: DictConfig) -> list[str]:
     lr = OmegaConf.select(cfg, "optimizer.lr")
     if lr is not None and not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr >= 0):
         problems.append(f"optimizer.lr={lr!r} must be a finite number >= 0, e.g. 0.1")
+    problems += data_config_problems(cfg) + scheduler_problems(cfg)
     init_from = trainer.get("init_from")
     if init_from and not cfg.get("resume") and not Path(str(init_from)).expanduser().is_file():
         problems.append(f"trainer.init_from={init_from} does not exist; give a last.pt / best.pt "

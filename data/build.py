@@ -16,7 +16,8 @@ from data.splits import build_splits
 @dataclass
 class DataBundle:
     """What the trainer and ``eval.py`` use. Each split's items are ``(x float32, y int64 scalar)``
-    and each split has ``labels`` (numpy int64, the task's labels).
+    and each split has ``labels`` (numpy int64, the task's labels). ``val`` is empty under
+    ``dataset.split=authors`` (no hold-out).
 
     ``stats[split] = {"n", "class_counts", "pos_fraction" (binary only: fraction of label 1)}``;
     ``groups[k]`` lists the original classes of label ``k``; ``origin`` says where the data came from.
@@ -84,7 +85,9 @@ def build_data(cfg_dataset: Any, seed: int) -> DataBundle:
     Args:
         cfg_dataset: the ``dataset`` config (``configs/dataset/*.yaml``): ``name``, ``root``,
             ``download``, ``task``, ``neg_keep``, ``drop_rate``, ``val_size``, ``augment``,
-            optional ``groups``, ``cache_dir``, ``crop_padding``, and ``source`` (``_target_`` + options).
+            optional ``groups``, ``cache_dir``, ``crop_padding``, ``split`` (``paper`` |
+            ``authors``: :mod:`data.splits`), ``normalize`` (``per_channel`` | ``per_image``:
+            :mod:`data.datasets`), and ``source`` (``_target_`` + options).
         seed: seeds the validation hold-out and the imbalance dropping (not the data itself).
 
     Raises:
@@ -105,7 +108,9 @@ def build_data(cfg_dataset: Any, seed: int) -> DataBundle:
                           neg_keep=float(cfg.get("neg_keep", 1.0)),
                           drop_rate=float(cfg.get("drop_rate", 0.0)),
                           val_size=cfg.get("val_size", 0.1), seed=int(seed),
-                          groups=cfg.get("groups"), num_classes=src.num_classes)
+                          groups=cfg.get("groups"), num_classes=src.num_classes,
+                          protocol=str(cfg.get("split", "paper")))
+    normalize = str(cfg.get("normalize", "per_channel"))
     parts = {"train": (src.x_train, src.y_train, splits.train),
              "val": (src.x_train, src.y_train, splits.val),
              "test": (src.x_test, src.y_test, splits.test)}
@@ -115,9 +120,9 @@ def build_data(cfg_dataset: Any, seed: int) -> DataBundle:
         if src.kind == "image":
             datasets[split] = ImageDataset(x[idx], labels, src.mean, src.std,
                                            augment=split == "train" and bool(cfg.get("augment", False)),
-                                           pad=int(cfg.get("crop_padding", 4)))
+                                           pad=int(cfg.get("crop_padding", 4)), normalize=normalize)
         else:
-            datasets[split] = TabularDataset(x[idx], labels, src.mean, src.std)
+            datasets[split] = TabularDataset(x[idx], labels, src.mean, src.std, normalize=normalize)
         stats[split] = split_stats(labels, len(splits.groups), task)
     return DataBundle(**datasets, num_classes=len(splits.groups), input_shape=src.input_shape,
                       task=task, stats=stats, name=str(cfg.get("name", "")),

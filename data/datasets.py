@@ -1,7 +1,11 @@
 """In-memory ``torch.utils.data.Dataset`` s: one uint8 image tensor or one float feature matrix.
 
-Items are ``(x, y)``: ``x`` float32 ``[C, H, W]`` normalised per channel (images) or ``[D]``
-(tabular), ``y`` an int64 scalar tensor. ``labels`` (numpy int64) gives class counts without
+Items are ``(x, y)``: ``x`` float32 ``[C, H, W]`` (images) or ``[D]`` (tabular), ``y`` an int64
+scalar tensor. ``x`` is normalised by ``dataset.normalize`` (:data:`NORMALIZATIONS`):
+``per_channel`` (the default) with the source's constants -- per-channel train-set mean/std for
+images, per-feature train statistics for tabular sources; ``per_image`` standardises each sample
+by its own statistics, as TensorFlow's ``per_image_standardization`` (:func:`per_image`; the
+authors' ``cifar_input.py``). ``labels`` (numpy int64) gives class counts without
 iterating. Augmentation (train only) is random crop with zero padding + horizontal flip
 (:mod:`data.augment`). Both datasets also gather whole batches on their own device
 (``batch(idx, aug)``; ``to(device)`` moves the data there once): that is how the training stream
@@ -10,6 +14,7 @@ torch's global RNG) serves plain ``DataLoader`` use.
 """
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import numpy as np
@@ -17,6 +22,33 @@ import torch
 from torch.utils.data import Dataset
 
 from data.augment import CropFlip, crop_flip, draw_crop_flip
+
+NORMALIZATIONS = ("per_channel", "per_image")
+
+
+def per_image(x: torch.Tensor) -> torch.Tensor:
+    r"""TensorFlow's per-image standardisation of a batch ``[B, ...]``, sample by sample:
+
+    .. math:: x' = (x - \mu) / \max(\sigma, 1/\sqrt{N})
+
+    with :math:`\mu, \sigma` the mean and population standard deviation of the sample's
+    :math:`N` values (all channels and pixels together); the floor keeps a constant image finite.
+    The authors apply it to float pixels on the 0..255 scale (``cifar_input.py``,
+    ``per_image_standardization``; ``cifar10.py`` casts to float32 without rescaling), and so do
+    we: the floor is scale-dependent, the rest is not."""
+    dims = tuple(range(1, x.ndim))
+    n = math.prod(x.shape[1:])
+    mean = x.mean(dim=dims, keepdim=True)
+    std = x.std(dim=dims, keepdim=True, correction=0)
+    return (x - mean) / std.clamp_min(1.0 / math.sqrt(n))
+
+
+def check_normalize(normalize: str) -> str:
+    if normalize not in NORMALIZATIONS:
+        raise ValueError(f"dataset.normalize={normalize!r} must be one of {', '.join(NORMALIZATIONS)} "
+                         "(per_image: each sample standardised by its own mean and std, as the "
+                         "authors' code does)")
+    return normalize
 
 
 class ImageDataset(Dataset):
@@ -27,10 +59,12 @@ class ImageDataset(Dataset):
         labels: int ``[N]`` (already relabelled to the task's groups).
         mean, std: per-channel constants on the [0, 1] scale.
         augment: random crop (``pad`` pixels of zero padding) + horizontal flip.
+        normalize: ``per_channel`` (``(x/255 - mean)/std``) or ``per_image`` (:func:`per_image`
+            of the 0..255 pixels, after the crop and flip, as the authors' order is).
     """
 
     def __init__(self, images, labels, mean: Sequence[float], std: Sequence[float],
-                 augment: bool = False, pad: int = 4) -> None:
+                 augment: bool = False, pad: int = 4, normalize: str = "per_channel") -> None:
         self.images = torch.as_tensor(np.ascontiguousarray(images))
         if self.images.dtype != torch.uint8 or self.images.ndim != 4:
             raise ValueError(f"images must be uint8 [N, C, H, W], got {self.images.dtype} "
@@ -44,6 +78,7 @@ class ImageDataset(Dataset):
         self._scale = 1.0 / (255.0 * std_t)
         self._shift = torch.tensor(mean, dtype=torch.float32).view(-1, 1, 1) / std_t
         self.augment, self.pad = bool(augment), int(pad)
+        self.normalize = check_normalize(normalize)
 
     @property
     def device(self) -> torch.device:
@@ -68,6 +103,8 @@ class ImageDataset(Dataset):
         x = self.images[idx]
         if aug is not None:
             x = crop_flip(x, aug, self.pad)
+        if self.normalize == "per_image":
+            return per_image(x.float()), self._y[idx]
         return torch.addcmul(-self._shift, x.float(), self._scale), self._y[idx]
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -84,14 +121,21 @@ class TabularDataset(Dataset):
         features: float ``[N, D]``.
         labels: int ``[N]``.
         mean, std: per-feature standardisation (broadcastable to ``[D]``); zero std -> 1.
+        normalize: ``per_channel`` (each feature by ``mean``/``std``) or ``per_image`` (each row
+            by its own statistics, :func:`per_image`; ``mean``/``std`` unused): digits' 64
+            features are an 8x8 image.
     """
 
-    def __init__(self, features, labels, mean=0.0, std=1.0) -> None:
+    def __init__(self, features, labels, mean=0.0, std=1.0, normalize: str = "per_channel") -> None:
         x = np.asarray(features, dtype=np.float64)
         if x.ndim != 2:
             raise ValueError(f"features must be [N, D], got shape {x.shape}")
-        std = np.where(np.asarray(std, dtype=np.float64) > 0, std, 1.0)
-        self.features = torch.from_numpy(((x - mean) / std).astype(np.float32))
+        if check_normalize(normalize) == "per_image":
+            x = per_image(torch.from_numpy(x)).numpy()
+        else:
+            std = np.where(np.asarray(std, dtype=np.float64) > 0, std, 1.0)
+            x = (x - mean) / std
+        self.features = torch.from_numpy(x.astype(np.float32))
         self.labels = np.asarray(labels, dtype=np.int64)
         if len(self.labels) != len(self.features):
             raise ValueError(f"{len(self.features)} rows but {len(self.labels)} labels")

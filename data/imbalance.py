@@ -18,13 +18,17 @@ Dropping is stratified by *original* class: each affected class keeps ``round(fr
 its samples, drawn without replacement. So every negative sub-class stays represented and the
 counts are exact (CIFAR-10 train 45k, ``neg_keep=0.1``: 22,500 positives, 5 x 450 = 2,250
 negatives). The paper says "dropping samples from the negative class by a certain ratio" and no
-more; stratifying is our choice.
+more; stratifying is our choice. The authors' code instead keeps the *first* ``int(keep * n)``
+samples of the thinned class after a seeded shuffle (:func:`first_after_shuffle`, used by
+``dataset.split=authors``): the same counts up to rounding, sub-classes not balanced.
 """
 from __future__ import annotations
 
 from typing import Sequence
 
 import numpy as np
+
+from data.errors import SplitError
 
 
 def class_groups(num_classes: int, task: str,
@@ -73,21 +77,25 @@ def relabel(labels: np.ndarray, groups: Sequence[Sequence[int]]) -> np.ndarray:
 
 
 def drop_fraction(task: str, neg_keep: float, drop_rate: float) -> tuple[list[int], float]:
-    """Which group labels are thinned, and the fraction of their samples that is *kept*."""
+    """Which group labels are thinned, and the fraction of their samples that is *kept*.
+
+    Raises :class:`SplitError` (a config error: ``train.py`` prints it as one line) naming the
+    key, its value and a fix; :mod:`validate` calls this before any data are read."""
     if not 0.0 < neg_keep <= 1.0:
-        raise ValueError(f"neg_keep={neg_keep} must be in (0, 1]: it is the fraction of train "
-                         "negatives kept (0.1/0.2/0.4/1.0 -> 91/83/71/50 % positives)")
+        raise SplitError(f"dataset.neg_keep={neg_keep} must be in (0, 1]: it is the fraction of "
+                         "train negatives kept; use dataset.neg_keep=0.1, 0.2, 0.4 or 1.0 "
+                         "(91/83/71/50 % positives)")
     if not 0.0 <= drop_rate < 1.0:
-        raise ValueError(f"drop_rate={drop_rate} must be in [0, 1): it is the fraction of the "
-                         "first two groups dropped (0.9/0.8/0.6/0)")
+        raise SplitError(f"dataset.drop_rate={drop_rate} must be in [0, 1): it is the fraction of "
+                         "the first two groups dropped; use dataset.drop_rate=0.9, 0.8, 0.6 or 0")
     if task == "binary":
         if drop_rate != 0.0:
-            raise ValueError("drop_rate is the multiclass knob; for task=binary set neg_keep "
-                             f"(got drop_rate={drop_rate})")
+            raise SplitError(f"dataset.drop_rate={drop_rate}: drop_rate is the multiclass knob; for "
+                             "task=binary set dataset.drop_rate=0 and use dataset.neg_keep")
         return [0], float(neg_keep)
     if neg_keep != 1.0:
-        raise ValueError("neg_keep is the binary knob; for task=multiclass set drop_rate "
-                         f"(got neg_keep={neg_keep})")
+        raise SplitError(f"dataset.neg_keep={neg_keep}: neg_keep is the binary knob; for "
+                         "task=multiclass set dataset.neg_keep=1.0 and use dataset.drop_rate")
     return [0, 1], 1.0 - float(drop_rate)
 
 
@@ -103,4 +111,21 @@ def subsample(orig_labels: np.ndarray, new_labels: np.ndarray, thinned: Sequence
     for c in np.unique(orig_labels[np.isin(new_labels, thinned)]):
         pos = np.flatnonzero(orig_labels == c)
         kept.append(rng.choice(pos, size=int(keep * len(pos) + 0.5), replace=False))
+    return np.sort(np.concatenate(kept)).astype(np.int64)
+
+
+def first_after_shuffle(new_labels: np.ndarray, thinned: Sequence[int], keep: float,
+                        rng: np.random.Generator) -> np.ndarray:
+    """Positions (sorted) kept when each group in ``thinned`` keeps its first ``int(keep * n_g)``
+    samples in a shuffled order; other samples are all kept.
+
+    The authors' rule (``binary_auc.py``: ``np.random.shuffle(train_ids)``, then
+    ``np.where(train_labels == -1)[0][:int(num_neg * keep_index)]``): not stratified by original
+    class, and the count is floored (CIFAR-10, ``keep=0.1``: 2,500 of 25,000 negatives)."""
+    new_labels = np.asarray(new_labels)
+    order = rng.permutation(len(new_labels))
+    kept = [np.flatnonzero(~np.isin(new_labels, thinned))]
+    for group in thinned:
+        members = order[new_labels[order] == group]
+        kept.append(members[:int(len(members) * keep)])
     return np.sort(np.concatenate(kept)).astype(np.int64)

@@ -17,6 +17,17 @@ test at their natural (relabelled) class balance: the 45k/5k sizes then match th
 val/test are identical for every ``neg_keep`` (so runs at different ratios are evaluated on the
 same images), and the positive ratio of Table 1 is the ratio of the *training* data. A split that
 lacks one of the task's classes raises :class:`SplitError` before any training.
+
+``protocol`` (``dataset.split``, :data:`PROTOCOLS`) picks between that (``paper``, the default)
+and the authors' public code (``authors``; ``binary_auc.py`` of zihangm/nondecomposable-as-lp):
+the *whole* official train split is the train pool, with **no validation hold-out** (``val`` is
+empty; the trainer then records no val metrics and selects nothing, see ``train.Run``), and each
+thinned group keeps its first ``int(keep * n)`` samples after a shuffle seeded by ``seed``
+(:func:`data.imbalance.first_after_shuffle`; not stratified by original class): CIFAR-10 at
+``neg_keep=0.1`` trains on all 25,000 positives and 2,500 negatives, as the authors do. Their
+shuffle is seeded 123 for every run and permutes CIFAR's file order, which the packs do not keep
+(they are sorted by label), so the same 2,500 images cannot be recovered; ours is seeded by the
+run's seed, on its own stream.
 """
 from __future__ import annotations
 
@@ -27,7 +38,10 @@ import numpy as np
 from sklearn.model_selection import train_test_split
 
 from data.errors import SplitError
-from data.imbalance import class_groups, drop_fraction, relabel, subsample
+from data.imbalance import class_groups, drop_fraction, first_after_shuffle, relabel, subsample
+
+#: ``dataset.split``: ``paper`` = val hold-out + stratified thinning; ``authors`` = the authors' code
+PROTOCOLS = ("paper", "authors")
 
 
 @dataclass(frozen=True)
@@ -77,7 +91,7 @@ def check_classes(split: str, labels: np.ndarray, num_classes: int, hint: str) -
 def build_splits(train_labels: np.ndarray, test_labels: np.ndarray, *, task: str = "binary",
                  neg_keep: float = 1.0, drop_rate: float = 0.0, val_size: int | float = 0.1,
                  seed: int = 0, groups: Sequence[Sequence[int]] | None = None,
-                 num_classes: int | None = None) -> Splits:
+                 num_classes: int | None = None, protocol: str = "paper") -> Splits:
     """Indices of the paper's imbalanced train / natural val / natural test splits.
 
     Args:
@@ -85,10 +99,12 @@ def build_splits(train_labels: np.ndarray, test_labels: np.ndarray, *, task: str
         task: ``"binary"`` (halves) or ``"multiclass"`` (three groups).
         neg_keep: binary only, fraction of train negatives kept (0.1 -> 91 % positives).
         drop_rate: multi-class only, fraction of groups 0 and 1 dropped from train.
-        val_size: held out of the official train split before the imbalance (count or fraction).
+        val_size: held out of the official train split before the imbalance (count or fraction);
+            unused by ``protocol="authors"`` (no hold-out).
         seed: seeds the hold-out and the dropping; same inputs and seed -> same indices.
         groups: explicit grouping (list of lists of original classes), ``None`` = paper's rule.
         num_classes: original number of classes K (default: ``max label + 1``).
+        protocol: ``"paper"`` or ``"authors"`` (module docstring).
 
     Example (CIFAR-10-sized labels, 91 % positives)::
 
@@ -96,7 +112,13 @@ def build_splits(train_labels: np.ndarray, test_labels: np.ndarray, *, task: str
         >>> s = build_splits(y, np.repeat(np.arange(10), 1000), neg_keep=0.1, val_size=5000)
         >>> len(s.train), len(s.val), len(s.test)
         (24750, 5000, 10000)
+        >>> s = build_splits(y, np.repeat(np.arange(10), 1000), neg_keep=0.1, protocol="authors")
+        >>> len(s.train), len(s.val), len(s.test)
+        (27500, 0, 10000)
     """
+    if protocol not in PROTOCOLS:
+        raise SplitError(f"dataset.split={protocol!r} must be one of {', '.join(PROTOCOLS)} "
+                         "(authors: the official train split without a validation hold-out)")
     train_labels = np.asarray(train_labels, dtype=np.int64)
     test_labels = np.asarray(test_labels, dtype=np.int64)
     k = int(num_classes if num_classes is not None
@@ -104,15 +126,20 @@ def build_splits(train_labels: np.ndarray, test_labels: np.ndarray, *, task: str
     grp = class_groups(k, task, groups)
     thinned, keep = drop_fraction(task, neg_keep, drop_rate)
 
-    tr, va = holdout(train_labels, val_size, seed)
     new_train = relabel(train_labels, grp)
-    rng = np.random.default_rng([seed % 2**32, 1])  # own stream: independent of the hold-out
-    tr = tr[subsample(train_labels[tr], new_train[tr], thinned, keep, rng)]
+    if protocol == "paper":
+        tr, va = holdout(train_labels, val_size, seed)
+        rng = np.random.default_rng([seed % 2**32, 1])  # own stream: independent of the hold-out
+        tr = tr[subsample(train_labels[tr], new_train[tr], thinned, keep, rng)]
+    else:
+        rng = np.random.default_rng([seed % 2**32, 2])  # not the paper protocol's thinning draws
+        tr, va = first_after_shuffle(new_train, thinned, keep, rng), np.zeros(0, dtype=np.int64)
     te = np.arange(len(test_labels), dtype=np.int64)
 
-    hint_val = "Increase dataset.val_size or check the labels of the source."
     check_classes("train", new_train[tr], len(grp), "Raise dataset.neg_keep / lower dataset.drop_rate.")
-    check_classes("val", new_train[va], len(grp), hint_val)
+    if protocol == "paper":
+        check_classes("val", new_train[va], len(grp),
+                      "Increase dataset.val_size or check the labels of the source.")
     check_classes("test", relabel(test_labels, grp), len(grp),
                   "The official test split must contain every group; check the source's test labels.")
     return Splits(train=tr, val=va, test=te, groups=grp)
