@@ -10,25 +10,42 @@ network approximates any true set loss :math:`\ell` (``surrogate_targets.py``):
     \;[10, 10, 1].
 
 Bilevel training (Algorithm 1): the model takes :math:`K_\alpha` steps on :math:`\hat\ell`
-(eq. (4): the trainer's ordinary steps, since ``forward`` returns :math:`\hat\ell`), then the
-surrogate takes :math:`K_\beta` steps of its own Adam on the meta-loss (eq. (5))
-:math:`\lvert \ell(y, \hat y) - \hat\ell(y, \hat y; \beta) \rvert` inside :meth:`on_step_end`.
-Modes (§4.2): ``universal`` (SL-U: pre-train :math:`\beta` on eq. (3),
-:math:`y \sim \mathrm{Bernoulli}(0.5)`, :math:`\hat y \sim \mathcal N(0, 1)`, then freeze it),
-``scratch`` (SL-S: random :math:`\beta`, bilevel), ``refined`` (SL-R: pre-train, then bilevel;
-the paper's recommendation and our default).
+(eq. (4), lines 4-7: the trainer's ordinary steps, since ``forward`` returns :math:`\hat\ell`),
+then, in :meth:`on_step_end` after every :math:`K_\alpha`-th step, the surrogate takes
+:math:`K_\beta` steps of its own Adam on the meta-loss (eq. (5), lines 9-12)
+:math:`\lvert \ell(y, \hat y(x; \alpha)) - \hat\ell(y, \hat y(x; \alpha); \beta) \rvert` at the
+*updated* model :math:`\alpha = \alpha^{(K_\alpha)}`. Modes (§4.2): ``universal`` (SL-U:
+pre-train :math:`\beta` on eq. (3), :math:`y \sim \mathrm{Bernoulli}(0.5)`,
+:math:`\hat y \sim \mathcal N(0, 1)`, then freeze it), ``scratch`` (SL-S: random :math:`\beta`,
+bilevel), ``refined`` (SL-R: pre-train, then bilevel; the paper's recommendation and our default).
 
-Deliberate deviations (and choices the paper leaves open):
+As in the paper (the defaults):
 
+* ``beta_scores=fresh``: every surrogate step scores its batch with the model as it is after the
+  :math:`K_\alpha` model steps (line 10's :math:`\hat y(x; \alpha)`), one forward pass per step,
+  in training mode (``rescore_mode=train``: the scores the model step feeds :math:`\hat\ell`;
+  BatchNorm statistics and every other buffer are put back afterwards, so the re-scoring leaves
+  no trace on the model).
+* Step size and clipping: the surrogate's Adam uses :math:`\eta_\beta = 10^{-5}` (``lr_beta``)
+  and its gradient is clipped to norm :math:`10^{-5}` (``clip_beta``), §4.1. The model's side of
+  §4.1 (Adam, :math:`\eta_\alpha = 10^{-5}`, the same clipping) belongs to the run's optimizer and
+  ``trainer.max_grad_norm=1e-5``, which this objective does not own.
+
+Departures (named options; the first is forced by the trainer's hook, the rest are ours):
+
+* Batches of the surrogate steps: Algorithm 1 draws a new batch for each of the :math:`K_\beta`
+  steps. :meth:`on_step_end` does so when the trainer passes ``draw_batch`` (a callable returning
+  ``(x, y)`` from the training split); the trainer does not pass it today, so the steps cycle
+  through the inputs of the round's :math:`K_\alpha` training batches, re-scored at the updated
+  model: fresh scores, reused inputs.
+* ``beta_scores=stale``: the steps reuse the scores the :math:`K_\alpha` training forward passes
+  produced (detached), up to :math:`K_\alpha` model steps old: no extra forward pass, no BatchNorm
+  handling. The choice before issue 19.
+* ``lr_beta=1e-3 clip_beta=null``: the step size before issue 19, chosen because the paper's
+  :math:`10^{-5}` is tuned for 300k iterations and our runs are 40k (or a few thousand on a CPU):
+  at :math:`10^{-5}` a surrogate from scratch (SL-S) barely moves in such a budget.
 * :math:`\hat y` is the logit margin :math:`l_1 - l_0` (an unbounded real score, matching the
   :math:`\mathcal N(0, 1)` pre-training draws and the threshold :math:`\hat y \ge \tau`).
-* The :math:`K_\beta` surrogate steps reuse the scores of the last :math:`K_\alpha` training
-  batches (detached from their forward pass), cycling through them, instead of drawing new
-  batches at the updated :math:`\alpha`: no extra forward passes, no BatchNorm side effects;
-  the scores are at most :math:`K_\alpha` steps stale.
-* Step sizes: the paper uses Adam with :math:`10^{-5}` for 300k iterations and clips gradients
-  at norm :math:`10^{-5}`; our runs are 40k steps, so the surrogate's Adam uses ``lr_beta`` =
-  1e-3 and no clipping (the trainer's ``max_grad_norm`` still applies to the model).
 * Batches are the trainer's (not stratified 50/50 as in the paper), and the model's optimizer
   is the run's ``optimizer=`` (the paper uses Adam for the model too).
 * SL-U's budget is ours (the paper gives none): ``pretrain_steps`` x ``pretrain_sets`` random
@@ -37,7 +54,8 @@ Deliberate deviations (and choices the paper leaves open):
   model's); ``pretrain_max_shift > 0`` optionally adds per-set class shifts
   :math:`\hat y_i \sim \mathcal N(\mu y_i, 1)`, :math:`\mu \sim U(-m, m)`, so SL-U also sees
   AUCs far from 1/2 (0 = the paper's eq. (3)).
-* The surrogate Adam's state travels in ``state_dict`` (``_extra_state``) for resumes.
+* The surrogate Adam's state travels in ``state_dict`` (``_extra_state``) for resumes; the
+  round's cached batches do not, so a run resumed mid-round fits its first round on fewer batches.
 
 Example::
 
@@ -48,6 +66,9 @@ Example::
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
 import torch
 from torch import nn
 
@@ -56,6 +77,8 @@ from objectives.base import Objective
 from objectives.common import binary_scores, check_labels
 
 MODES = ("universal", "scratch", "refined")
+BETA_SCORES = ("fresh", "stale")
+RESCORE_MODES = ("train", "eval")
 
 
 def mlp(sizes: list[int], last_activation: bool) -> nn.Sequential:
@@ -106,6 +129,24 @@ def pretrain_universal(net: SetSurrogate, loss_fn, *, steps: int, sets: int, set
     return sum(recent) / max(len(recent), 1)
 
 
+@contextmanager
+def scoring(model: nn.Module, mode: str) -> Iterator[None]:
+    """No-grad scoring by ``model`` in ``mode`` (``train`` | ``eval``) that leaves no trace: the
+    train/eval flag and every buffer (BatchNorm running statistics, ``num_batches_tracked``) are
+    as before afterwards. Dropout still draws from torch's global RNG (seeded, so reproducible)."""
+    saved = [b.detach().clone() for b in model.buffers()]
+    was_training = model.training
+    model.train(mode == "train")
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        model.train(was_training)
+        with torch.no_grad():
+            for buf, old in zip(model.buffers(), saved):
+                buf.copy_(old)
+
+
 class LearnedSurrogate(Objective):
     """Learned surrogate :math:`\\hat\\ell` of a true set loss, trained bilevel (module docstring).
 
@@ -114,24 +155,38 @@ class LearnedSurrogate(Objective):
         mode: ``universal`` (SL-U), ``scratch`` (SL-S) or ``refined`` (SL-R).
         threshold: :math:`\\tau` of the thresholded losses (F1, MCR, Jaccard, MCC).
         k_alpha, k_beta: model steps per round, surrogate steps per round (paper: 3, 10).
-        lr_beta: the surrogate's Adam step size.
+        beta_scores: ``fresh`` (Algorithm 1: the surrogate steps score their batches with the
+            updated model) or ``stale`` (reuse the round's training scores).
+        rescore_mode: the model's mode for ``fresh`` scores: ``train`` (as the model step sees
+            them; buffers restored) or ``eval``.
+        lr_beta: the surrogate's Adam step size (paper: 1e-5).
+        clip_beta: max norm of the surrogate's gradient before each step (paper: 1e-5; None = off).
         pretrain_*: SL-U pre-training budget (steps x sets of ``pretrain_set_size`` examples).
         g_sizes, h_sizes: hidden sizes of :math:`g` and :math:`h` (paper: [30, 30], [10, 10, 1]).
     """
 
     def __init__(self, target: str = "auc", mode: str = "refined", threshold: float = 0.0,
-                 k_alpha: int = 3, k_beta: int = 10, lr_beta: float = 1e-3,
+                 k_alpha: int = 3, k_beta: int = 10, beta_scores: str = "fresh",
+                 rescore_mode: str = "train", lr_beta: float = 1e-5, clip_beta: float | None = 1e-5,
                  pretrain_steps: int = 1000, pretrain_sets: int = 32, pretrain_set_size: int = 100,
                  pretrain_lr: float = 3e-3, pretrain_seed: int = 0, pretrain_max_shift: float = 0.0,
                  g_sizes=(30, 30), h_sizes=(10, 10, 1)) -> None:
         super().__init__()
-        if mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES} (SL-U, SL-S, SL-R); got {mode!r}")
+        for name, value, allowed in (("mode", mode, MODES), ("beta_scores", beta_scores, BETA_SCORES),
+                                     ("rescore_mode", rescore_mode, RESCORE_MODES)):
+            if value not in allowed:
+                hint = " (SL-U, SL-S, SL-R)" if name == "mode" else ""
+                raise ValueError(f"objective.{name} must be one of {allowed}{hint}; got {value!r}")
         if k_alpha < 1 or k_beta < 0:
             raise ValueError(f"need k_alpha >= 1 and k_beta >= 0; got {k_alpha}, {k_beta}")
+        if not lr_beta > 0 or (clip_beta is not None and not clip_beta > 0):
+            raise ValueError(f"need lr_beta > 0 and clip_beta > 0 or null; got {lr_beta}, {clip_beta}"
+                             " (the paper's values: 1e-5 and 1e-5)")
         self.target, self.mode, self.threshold = target, mode, float(threshold)
         self.loss_fn = target_loss(target)
         self.k_alpha, self.k_beta = int(k_alpha), int(k_beta)
+        self.beta_scores, self.rescore_mode = beta_scores, rescore_mode
+        self.clip_beta = None if clip_beta is None else float(clip_beta)
         self.pretrain_mae = float("nan")
         if mode == "scratch":
             self.net = SetSurrogate(tuple(g_sizes), tuple(h_sizes))  # the run's seed decides
@@ -147,6 +202,7 @@ class LearnedSurrogate(Objective):
         if mode == "universal":
             self.net.requires_grad_(False)
         self.opt = torch.optim.Adam(self.net.parameters(), lr=lr_beta)
+        # this round's K_alpha training batches: (scores, labels) for stale, (inputs, labels) for fresh
         self._recent: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._model_steps = 0
 
@@ -156,7 +212,7 @@ class LearnedSurrogate(Objective):
         loss = self.net(labels, s)
         with torch.no_grad():
             true = self.loss_fn(labels, s.detach(), self.threshold)
-        if self.mode != "universal" and self.training:
+        if self.mode != "universal" and self.training and self.beta_scores == "stale":
             self._recent = (self._recent + [(s.detach(), labels.detach())])[-self.k_alpha:]
         self.record(surrogate_hat=loss.item())
         if not torch.isnan(true):
@@ -164,24 +220,50 @@ class LearnedSurrogate(Objective):
         return loss
 
     def on_step_end(self, *, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
-                    batch: tuple[torch.Tensor, torch.Tensor]) -> None:
-        self._model_steps += 1
-        if self.mode == "universal" or self._model_steps % self.k_alpha or not self._recent:
-            return
-        self.fit_surrogate(self._recent, self.k_beta)
+                    batch: tuple[torch.Tensor, torch.Tensor],
+                    draw_batch: Callable[[], tuple[torch.Tensor, torch.Tensor]] | None = None) -> None:
+        """Count the model step; after every ``k_alpha``-th, the ``k_beta`` surrogate steps.
 
-    def fit_surrogate(self, scored: list[tuple[torch.Tensor, torch.Tensor]], steps: int) -> float:
-        """Eq. (5): ``steps`` Adam steps on :math:`|\\ell - \\hat\\ell|`, cycling over
-        ``(scores, labels)`` sets; returns the mean meta-loss (NaN if every set was degenerate)."""
+        ``draw_batch`` (optional; the trainer does not pass it yet) returns a new training batch
+        ``(x, y)`` for each surrogate step, as Algorithm 1, line 10 samples one."""
+        self._model_steps += 1
+        if self.mode == "universal":
+            return
+        if self.beta_scores == "fresh":
+            x, y = batch
+            self._recent = (self._recent + [(x.detach(), y.detach())])[-self.k_alpha:]
+        if self._model_steps % self.k_alpha or not self._recent:
+            return
+        if self.beta_scores == "stale":
+            sets = (self._recent[k % len(self._recent)] for k in range(self.k_beta))
+        else:
+            sets = self._fresh_sets(model, draw_batch)
+        self.fit_surrogate(sets)
+        self._recent = []   # the next round collects its own K_alpha batches
+
+    def _fresh_sets(self, model: nn.Module, draw_batch) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """``k_beta`` (scores, labels) at the current model, one forward pass each, lazily (the
+        model does not change during the surrogate steps, so scoring on demand is exact)."""
+        for k in range(self.k_beta):
+            x, y = draw_batch() if draw_batch is not None else self._recent[k % len(self._recent)]
+            with scoring(model, self.rescore_mode):
+                s = binary_scores(model(x).float(), "margin")
+            yield s, check_labels(s, y.to(s.device))
+
+    def fit_surrogate(self, sets) -> float:
+        """Eq. (5): one Adam step on :math:`|\\ell - \\hat\\ell|` per ``(scores, labels)`` set
+        (gradient clipped to ``clip_beta``); a set whose true loss is undefined (NaN: one class
+        for AUC / EER) is skipped. Returns the mean meta-loss (NaN if every set was skipped)."""
         metas = []
-        targets = [self.loss_fn(y, s, self.threshold) for s, y in scored]
-        for k in range(steps):
-            (s, y), true = scored[k % len(scored)], targets[k % len(scored)]
+        for s, y in sets:
+            true = self.loss_fn(y, s, self.threshold)
             if torch.isnan(true):
                 continue
             meta = (self.net(y, s) - true.to(s.dtype)).abs()
             self.opt.zero_grad(set_to_none=True)
             meta.backward()
+            if self.clip_beta is not None:
+                torch.nn.utils.clip_grad_norm_(self.net.parameters(), self.clip_beta)
             self.opt.step()
             metas.append(meta.item())
         self.opt.zero_grad(set_to_none=True)  # leave no surrogate gradients behind
