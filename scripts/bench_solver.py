@@ -22,6 +22,12 @@ are relative to HiGHS on the same (rounded) data, in float64 and float32.  Write
 
     OMP_NUM_THREADS=1 python scripts/bench_solver.py            # full run (~16 min, shared 2-core VM)
     OMP_NUM_THREADS=1 python scripts/bench_solver.py --quick    # smoke test (~1 min)
+
+``--family public --mps-dir DIR``: every MPS file of ``DIR`` instead (classic public LPs; see
+``bench_solver_public.py``), written to ``<out>/public_lps.{md,json}``:
+
+    OMP_NUM_THREADS=1 python scripts/bench_solver.py --family public \
+        --mps-dir solver/instances/netlib --out results/solver
 """
 from __future__ import annotations
 
@@ -153,6 +159,9 @@ def main() -> None:
     ap.add_argument("--cap", type=float, default=30.0, help="seconds per call before skipping")
     ap.add_argument("--report-from", metavar="JSON",
                     help="rewrite the .md/.png from a saved run's .json (no measuring)")
+    ap.add_argument("--family", choices=["paper", "public"], default="paper",
+                    help="paper: the AUC/F1/random sparse cells above; public: MPS files")
+    ap.add_argument("--mps-dir", help="--family public: folder of .mps files")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -165,6 +174,15 @@ def main() -> None:
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "command": f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '')} python "
                        + " ".join(shlex.quote(a) for a in ["scripts/bench_solver.py"] + sys.argv[1:])}
+    if args.family == "public":
+        if not args.mps_dir:
+            ap.error("--family public needs --mps-dir (a folder of .mps files, e.g. "
+                     "solver/instances/netlib)")
+        from bench_solver_public import run_public, write_public_report
+        rows = run_public(args.mps_dir, log=lambda s: print(s, file=sys.stderr, flush=True))
+        write_public_report(rows, meta, Path(args.out))
+        print(f"wrote {Path(args.out) / 'public_lps'}.md/.json", file=sys.stderr)
+        return
     sizes = ([32, 64], [32, 64], [500]) if args.quick else (AUC_SIZES, F1_SIZES, SPARSE_SIZES)
     R = run_benchmark(*sizes[:2], dtype=args.dtype, device=args.device, cap_s=args.cap,
                       log=lambda s: print(s, file=sys.stderr, flush=True), sparse_sizes=sizes[2])
