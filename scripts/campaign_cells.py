@@ -52,10 +52,11 @@ def entry_where(entry: dict, level: str, pivot: str | None) -> tuple:
 
 def expected_cells(queue: dict, table: str, level: str, pivot: str | None,
                    done: set[str]) -> dict[tuple, tuple[int, int]]:
-    """``{(where, objective): (runs queued, runs done)}`` for the entries that fill ``table``."""
+    """``{(where, objective): (runs queued, runs done)}`` for the entries that fill ``table``
+    (an entry that did not compose has no place: ``campaign.py status`` lists it)."""
     out: dict[tuple, list[int]] = {}
     for e in queue.get("entries", []):
-        if table in e.get("tables", []):
+        if table in e.get("tables", []) and e.get("where"):
             count = out.setdefault((entry_where(e, level, pivot), e["objective"]), [0, 0])
             count[0] += 1
             count[1] += e["key"] in done

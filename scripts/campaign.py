@@ -1,0 +1,256 @@
+"""The paper's tables at 40k steps, one device command at a time (DESIGN.md, "The campaign").
+
+    python scripts/campaign.py queue [--check]          # (re)write results/paper_tables/queue.json
+    python scripts/campaign.py status [--windows]       # done / pending per table; windows still needed
+    python scripts/campaign.py plan [--speed S.json]    # what the next command would train, and why
+    OUT=<folder> bash scripts/gpu_campaign.sh           # on the lent GPU: python scripts/campaign.py run --out $OUT
+    python scripts/campaign.py fold <returned OUT folder or runs.jsonl.gz>...
+    python scripts/campaign.py fold-cpu <finished train.py run folder>...
+
+A window is one command of at most 10 minutes and nothing large comes back, so every run starts
+and finishes inside one command. ``run``: takes the pending queue entries of one dataset (the
+first pending entry's: one data pack travels per command), probes a packed step of each of their
+objectives and one evaluation on this device (:func:`gpu_tables.measure`), keeps whole blocks (a
+cell's runs of one seed: every lr and objective) in queue order while they fit 80 % of the budget,
+then single runs of the next block that still fit whole -- never a shortened run --, checks each
+kept entry still composes to its queued protocol (an entry that does not is reported with its key
+and skipped), and trains them as packs (:func:`packed.launch.train_packed`) under a deadline with
+``trainer.checkpoints=false``. It writes only ``plan.json`` and ``runs.jsonl.gz`` (each run's
+``results.json`` and ``metrics.csv``, tagged with the queue version) under ``--out``. ``fold``
+(:mod:`campaign_fold`) turns them into run folders under ``results/paper_tables/runs/`` and the
+ledger; a run stopped before its 40k steps is recorded there as an attempt, not as done.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from itertools import groupby
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
+
+import campaign_fold  # noqa: E402
+import campaign_queue  # noqa: E402
+import gpu_tables  # noqa: E402 -- the probe, the cost model, whole-block planning, export
+from campaign_cells import QUEUE_FILE, TERMINAL  # noqa: E402
+from campaign_jobs import composer  # noqa: E402
+
+EVAL_EVERY = 2000   # 20 evaluations per 40k run: best-val selection, at ~1/15 of the step time on an H100
+
+
+def pending(queue: dict, ledger: dict) -> list[dict]:
+    """Queue entries not done (nor diverged), in queue order."""
+    done = {k for k, r in ledger["runs"].items() if r.get("status") in TERMINAL}
+    return [e for e in queue["entries"] if e["key"] not in done]
+
+
+def candidates(entries: list[dict], dataset: str | None = None) -> tuple[list[dict], list[tuple[str, str]]]:
+    """The composable entries of one dataset (``dataset``, default the first pending one's), and
+    (key, why) of every entry that did not compose when the queue was made."""
+    broken = [(e["key"], f"does not compose: {e.get('error')}") for e in entries if e.get("config_sha") is None]
+    good = [e for e in entries if e.get("config_sha") is not None]
+    if not good:
+        return [], broken
+    dataset = dataset or good[0]["where"]["dataset.name"]
+    return [e for e in good if e["where"]["dataset.name"] == dataset], broken
+
+
+def choose(entries: list[dict], cost, avail: float) -> tuple[list[dict], float]:
+    """Whole blocks in queue order while they fit ``avail`` seconds, then the next entries one by
+    one that still fit whole (a window too short for a whole block still trains what it can)."""
+    blocks = [list(g) for _, g in groupby(entries, key=lambda e: e["block"])]
+    kept, total = gpu_tables.whole_blocks(blocks, cost, avail)
+    for e in entries[len(kept):]:
+        c = cost(e)
+        if total + c <= avail:
+            kept.append(e)
+            total += c
+    return kept, total
+
+
+def make_plan(entries: list[dict], speed: dict, budget_s: float, eval_every: int,
+              verify=None) -> dict:
+    """Choose, then ``verify(entry)`` each chosen entry (``None`` = fine, else why not); an entry
+    that fails is reported and skipped and the choice is made again without it."""
+    skipped: list[tuple[str, str]] = []
+    priced = []
+    for e in entries:
+        if f"step_ms_per_run_{e['objective']}" in speed:
+            priced.append(e)
+        else:
+            skipped.append((e["key"], f"objective {e['objective']} was not probed"))
+
+    def cost(e):
+        return gpu_tables.run_cost_s(e["objective"], speed, e["steps"], min(eval_every, e["steps"]))
+    avail = gpu_tables.MARGIN * budget_s
+    while True:
+        kept, total = choose(priced, cost, avail)
+        bad = [(e, why) for e in kept for why in [verify(e) if verify else None] if why]
+        if not bad:
+            break
+        skipped += [(e["key"], why) for e, why in bad]
+        priced = [e for e in priced if e not in [b for b, _ in bad]]
+    cheapest = min((cost(e) for e in priced), default=None)
+    return {"kept": [e["key"] for e in kept], "projected_s": round(total, 1), "budget_s": round(budget_s, 1),
+            "available_s": round(avail, 1), "skipped": [{"key": k, "why": w} for k, w in skipped],
+            "cost_s": {e["key"]: round(cost(e), 1) for e in kept},
+            "note": None if kept else (f"nothing fits: the cheapest pending run needs {cheapest:.0f} s, "
+                                       f"{avail:.0f} s available" if cheapest else "nothing pending")}
+
+
+def verifier(compose, extra: list[str]):
+    """``verify(entry)``: None if the entry composes (with ``extra``) to its queued protocol."""
+    def verify(e):
+        try:
+            cfg, _ = campaign_queue.compose_entry(compose, [*e["overrides"], *extra], e["experiment"])
+            sha = campaign_queue.config_sha(campaign_queue.composed_config(cfg))
+        except Exception as err:   # noqa: BLE001 -- reported with the key, the others go on
+            return f"does not compose: {campaign_queue.first_line(err)}"
+        return None if sha == e["config_sha"] else (
+            "composes to another protocol than queued (configs changed since the queue was made: "
+            "`python scripts/campaign.py queue --check` lists it; or an override in --set is not "
+            "ignorable)")
+    return verify
+
+
+def probe(entries: list[dict], extra: list[str], args) -> tuple[dict, object]:
+    """Speeds of the objectives of the first ``--probe-window`` candidates on this device."""
+    import torch
+
+    from builders import resolve_device
+    first = entries[0]
+    overrides = [*first["overrides"], *extra]
+    cfg = gpu_tables.compose_job(overrides, first["experiment"])
+    device = resolve_device(cfg.device)
+    objectives = list(dict.fromkeys(e["objective"] for e in entries[:args.probe_window]))
+    speed = gpu_tables.measure(cfg, overrides, device, args.probe_n, args.probe_reps, objectives,
+                               first["experiment"])
+    speed.update(device=str(device), torch=torch.__version__)
+    return speed, device
+
+
+def plan_for(args, start: float) -> tuple[dict, dict, list[dict], list[str]]:
+    """(queue, plan, kept entries, extra overrides): probe, choose, verify."""
+    folder = Path(args.dir)
+    queue, ledger = campaign_queue.load(folder)
+    extra = [f"trainer.eval_every={args.eval_every}", f"device={args.device}", "logger=csv",
+             "trainer.checkpoints=false", *args.set]
+    todo, broken = candidates(pending(queue, ledger), args.dataset)
+    for key, why in broken:
+        print(f"plan: skipped {key}: {why}", flush=True)
+    if not todo:
+        return queue, {"kept": [], "skipped": [{"key": k, "why": w} for k, w in broken],
+                       "note": "nothing pending that composes"}, [], extra
+    if args.speed:
+        speed = json.loads(Path(args.speed).read_text())
+    else:
+        speed, _ = probe(todo, extra, args)
+    budget = args.budget_s - (time.monotonic() - start)
+    with composer() as compose:
+        plan = make_plan(todo, speed, budget, args.eval_every, verifier(compose, extra))
+    plan["skipped"] = [{"key": k, "why": w} for k, w in broken] + plan["skipped"]
+    plan.update(queue_version=queue["version"], dataset=todo[0]["where"]["dataset.name"], speed=speed,
+                extra_overrides=extra, pending=len(pending(queue, ledger)))
+    kept = [e for e in todo if e["key"] in plan["kept"]]
+    for s in plan["skipped"]:
+        if not any(k == s["key"] for k, _ in broken):
+            print(f"plan: skipped {s['key']}: {s['why']}", flush=True)
+    print(f"plan: {len(kept)} run(s) of {plan['dataset']} ({', '.join(plan['kept']) or 'none'}), projected "
+          f"{plan['projected_s']} s of {plan['available_s']} s; {plan['pending']} pending in the queue"
+          + (f"; {plan['note']}" if plan.get("note") else ""), flush=True)
+    return queue, plan, kept, extra
+
+
+def run(args) -> int:
+    """Plan, train the kept entries as packs under the deadline, export metrics to ``--out``."""
+    from packed.launch import Job, train_packed
+    start = time.monotonic()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    run_id = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    queue, plan, kept, extra = plan_for(args, start)
+    plan["run_id"] = run_id
+    (out / "plan.json").write_text(json.dumps(plan, indent=1))
+    if not kept:
+        return 0
+    work = Path(args.work or tempfile.mkdtemp(prefix="campaign_"))   # run folders stay out of OUT
+    jobs, run_dirs = [], {}
+    with composer() as compose:
+        for e in kept:
+            cfg, choice = campaign_queue.compose_entry(compose, [*e["overrides"], *extra], e["experiment"])
+            run_dirs[e["key"]] = work / e["key"]
+            jobs.append(Job(cfg, run_dirs[e["key"]], {"objective": choice, "dataset": cfg.dataset.name}, e["key"]))
+    eval_ms = plan["speed"].get("eval_ms", 0.0)
+    reserve_s = 1.5 * len(jobs) * eval_ms / 1000 + 10   # every run's last evaluation, and the export
+    outcomes = train_packed(jobs, max_pack=args.max_pack, deadline=start + args.budget_s - reserve_s)
+    gpu_tables.export(run_dirs, out, extra={"queue_version": queue["version"], "run_id": run_id, "kind": "gpu"})
+    plan["outcome"] = {j.name: campaign_fold.outcome_text(o, e["steps"]) for j, o, e in zip(jobs, outcomes, kept)}
+    (out / "plan.json").write_text(json.dumps(plan, indent=1))
+    failed = [j.name for j, o in zip(jobs, outcomes) if isinstance(o, Exception)]
+    print(f"done: {len(jobs) - len(failed)} of {len(jobs)} runs written ("
+          + ", ".join(f"{k}: {v}" for k, v in plan["outcome"].items()) + f"); {time.monotonic() - start:.0f} s",
+          flush=True)
+    return 1 if len(failed) == len(jobs) else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dir", default=str(campaign_queue.DEFAULT_DIR),
+                    help="the campaign folder (queue.json, ledger.json, runs/)")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    q = sub.add_parser("queue", help="compose every queued job and write queue.json")
+    q.add_argument("--check", action="store_true", help="only compare with the committed queue (exit 1 if it differs)")
+    for name, text in (("plan", "print what the next device command would train"),
+                       ("run", "plan, train and export (the device command)")):
+        r = sub.add_parser(name, help=text)
+        r.add_argument("--budget-s", type=float, default=480.0, help="wall seconds for probe + training + export")
+        r.add_argument("--eval-every", type=int, default=EVAL_EVERY)
+        r.add_argument("--device", default="auto")
+        r.add_argument("--dataset", help="plan this dataset's entries (default: the first pending entry's)")
+        r.add_argument("--speed", help="a speed JSON (gpu_tables.measure's keys) instead of a probe")
+        r.add_argument("--probe-n", type=int, default=12, help="pack size of the speed probe")
+        r.add_argument("--probe-reps", type=int, default=3)
+        r.add_argument("--probe-window", type=int, default=48,
+                       help="probe the objectives of this many candidates (the rest cannot fit anyway)")
+        r.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                       help="more overrides; only keys that do not define a protocol (make_tables.IGNORED)")
+        if name == "run":
+            r.add_argument("--out", required=True)
+            r.add_argument("--work", help="run folders (default: a temporary folder)")
+            r.add_argument("--max-pack", type=int, default=None)
+    campaign_fold.add_parsers(sub)
+    args = ap.parse_args(argv)
+    if args.cmd == "queue":
+        return make_queue(Path(args.dir), args.check)
+    if args.cmd == "plan":
+        plan_for(args, time.monotonic())
+        return 0
+    if args.cmd == "run":
+        return run(args)
+    return campaign_fold.main(args)
+
+
+def make_queue(folder: Path, check: bool) -> int:
+    queue = campaign_queue.build()
+    path = folder / QUEUE_FILE
+    if check:
+        old = campaign_queue.read_json(path, "queue") if path.is_file() else {"version": None, "entries": []}
+        if old.get("version") == queue["version"]:
+            print(f"queue {path} is current ({queue['version']})")
+            return 0
+        new_keys = {e["key"]: e for e in queue["entries"]}
+        changed = [e["key"] for e in old["entries"] if new_keys.get(e["key"]) != e]
+        print(f"queue {path} is {old.get('version')}, the configs now give {queue['version']}; "
+              f"entries that differ: {', '.join(changed[:20]) or 'order / count only'}")
+        return 1
+    campaign_queue.write_json(path, queue)
+    print(f"wrote {path}: {len(queue['entries'])} entries, version {queue['version']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The campaign's one device command (issue 17): the next queued runs of the paper's tables that
+# fit this command, trained to their full 40k steps as packs; metrics only. See scripts/campaign.py.
+#
+#   OUT=<folder> DATA_ROOT=<folder with the data pack> bash scripts/gpu_campaign.sh
+#   (here, afterwards: python scripts/campaign.py fold <returned OUT>; then commit results/paper_tables)
+#
+# Which pack to carry: `python scripts/campaign.py status` names the next dataset. Env: BUDGET
+# (wall seconds for probe + training + export, default 480; a hard timeout at BUDGET + 40 s keeps the
+# command under the device's 600 s), EVAL_EVERY (2000), DEVICE (auto), CAMPAIGN_DIR
+# (results/paper_tables: its queue.json and ledger.json say what is pending), PROBE_N (12),
+# MAX_PACK, EXTRA (more overrides, only keys that define no protocol, e.g. "trainer.eval_batch_size=1024"),
+# PY (python3). Hydra/OmegaConf missing on the machine: wheels from .whl/ (scripts/device_env.sh).
+# Leaves under OUT only: machine.txt, plan.json, runs.jsonl.gz, campaign.log.
+set -u
+OUT=${OUT:?set OUT}; PY=${PY:-python3}; BUDGET=${BUDGET:-480}
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+export PYTHONUNBUFFERED=1 WANDB_MODE=disabled
+mkdir -p "$OUT"
+. "$ROOT/scripts/device_env.sh"
+{ date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null \
+    || echo "no nvidia-smi"; (cd "$ROOT" && $PY -c "import json, hydra, provenance; \
+print('hydra', hydra.__version__, json.dumps(provenance.record('cuda' if provenance.torch.cuda.is_available() else 'cpu')))"); } \
+    > "$OUT/machine.txt" 2>&1
+set -f   # word lists below, never globs (an override like x=[1,2] stays as typed)
+read -r -a extra <<< "${EXTRA:-}"
+timeout --signal=TERM $((${BUDGET%.*} + 40)) $PY "$ROOT/scripts/campaign.py" --dir "${CAMPAIGN_DIR:-$ROOT/results/paper_tables}" \
+    run --out "$OUT" --budget-s "$BUDGET" --eval-every "${EVAL_EVERY:-2000}" --device "${DEVICE:-auto}" \
+    --probe-n "${PROBE_N:-12}" ${MAX_PACK:+--max-pack "$MAX_PACK"} ${extra[0]:+--set "${extra[@]}"} \
+    2>&1 | tee "$OUT/campaign.log"
+exit "${PIPESTATUS[0]}"

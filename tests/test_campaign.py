@@ -1,0 +1,205 @@
+"""scripts/campaign.py (issue 17 item 1): the device command end to end on the CPU (digits, a few
+steps) folds back into run folders equal to train.py's; folding is idempotent and refuses another
+queue version or protocol; plan reports what it skips; make_tables renders "pending"."""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
+import campaign  # noqa: E402
+import campaign_fold  # noqa: E402
+import campaign_queue  # noqa: E402
+import make_tables  # noqa: E402
+from campaign_jobs import compose_job  # noqa: E402
+
+STEPS = 6
+# two runs of one (cell, seed) block and one that cannot compose
+SECTION = campaign_queue.Section(
+    ("binary",), "table1_binary", {"dataset.neg_keep": ["0.1"], "dataset": ["digits"], "seed": ["0"],
+                                   "optimizer.lr": ["0.1"], "objective": ["ce", "auc_lp", "nope"]}, block=3)
+EXTRA = ("model=mlp", f"trainer.max_steps={STEPS}")
+DEVICE_SET = ["trainer.eval_every=3", "device=cpu", "logger=csv", "trainer.checkpoints=false"]
+SPEED = {"step_ms_per_run_ce": 1.0, "step_ms_per_run_auc_lp": 2.0, "eval_ms": 10.0}
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def queue_dir(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("campaign")
+    campaign_queue.write_json(d / "queue.json", campaign_queue.build((SECTION,), extra=EXTRA, log=lambda m: None))
+    return d
+
+
+@pytest.fixture(scope="module")
+def returned(queue_dir, tmp_path_factory) -> Path:
+    """``campaign.py run`` on the CPU (rates given, no probe): OUT holds what would come back."""
+    out = tmp_path_factory.mktemp("out")
+    (out.parent / "speed.json").write_text(json.dumps(SPEED))
+    assert campaign.main(["--dir", str(queue_dir), "run", "--out", str(out), "--budget-s", "200",
+                          "--device", "cpu", "--eval-every", "3", "--speed", str(out.parent / "speed.json")]) == 0
+    return out
+
+
+@pytest.mark.slow
+def test_gpu_campaign_sh_end_to_end_on_the_cpu(queue_dir, tmp_path):
+    """The device script as the device runs it (probe included), then folded here."""
+    out = tmp_path / "out"
+    env = {**os.environ, "OUT": str(out), "PY": sys.executable, "OMP_NUM_THREADS": "1", "BUDGET": "200",
+           "EVAL_EVERY": "3", "DEVICE": "cpu", "CAMPAIGN_DIR": str(queue_dir), "PROBE_N": "2"}
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_campaign.sh")], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=500)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert sorted(p.name for p in out.iterdir()) == ["campaign.log", "machine.txt", "plan.json", "runs.jsonl.gz"]
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["speed"]["step_ms_per_run_ce"] > 0 and plan["speed"]["step_ms_per_run_auc_lp"] > 0
+    assert set(plan["outcome"].values()) == {f"done at step {STEPS}"}
+    assert '"git_commit"' in (out / "machine.txt").read_text()
+    d = folded_copy(queue_dir, tmp_path)
+    assert campaign_fold.fold([out], d, log=lambda m: None)["done"] == 2
+
+
+def folded_copy(queue_dir: Path, tmp_path: Path) -> Path:
+    d = tmp_path / "campaign"
+    d.mkdir()
+    (d / "queue.json").write_bytes((queue_dir / "queue.json").read_bytes())
+    return d
+
+
+def test_queue_keeps_a_non_composing_entry_and_shares_protocols():
+    queue = campaign_queue.build((SECTION, campaign_queue.Section(
+        ("eps",), "table_eps", {"dataset.neg_keep": ["0.1"], "seed": ["0"], "objective.epsilon": ["0.01"],
+                                "optimizer.lr": ["0.1"]}, block=2, fixed={"dataset": "digits", "objective": "auc_lp"})),
+        extra=EXTRA, log=lambda m: None)
+    keys = [e["key"] for e in queue["entries"]]
+    assert keys == ["digits_nk0.1_ce_lr0.1_s0", "digits_nk0.1_auc_lp_lr0.1_s0", "digits_nk0.1_nope_lr0.1_s0"]
+    assert queue["entries"][1]["tables"] == ["binary", "eps"]   # eps 0.01 = Table 1's LP run: queued once
+    assert queue["entries"][2]["config_sha"] is None and "objective/nope" in queue["entries"][2]["error"]
+    assert queue["version"].startswith("q-") and queue["entries"][0]["steps"] == STEPS
+
+
+def test_device_command_folds_back_to_train_py_runs_and_twice_changes_nothing(queue_dir, returned, tmp_path):
+    assert sorted(p.name for p in returned.iterdir()) == ["plan.json", "runs.jsonl.gz"]
+    plan = json.loads((returned / "plan.json").read_text())
+    assert plan["kept"] == ["digits_nk0.1_ce_lr0.1_s0", "digits_nk0.1_auc_lp_lr0.1_s0"]
+    assert plan["skipped"][0]["key"] == "digits_nk0.1_nope_lr0.1_s0"
+    assert set(plan["outcome"].values()) == {f"done at step {STEPS}"}
+    d = folded_copy(queue_dir, tmp_path)
+    assert campaign_fold.fold([returned], d, log=lambda m: None)["done"] == 2
+    for entry in json.loads((d / "queue.json").read_text())["entries"][:2]:
+        cfg = compose_job([*entry["overrides"], *DEVICE_SET])
+        import train
+        train.train(cfg, tmp_path / "alone" / entry["key"], {"objective": entry["objective"]})
+        mine = pd.read_csv(d / "runs" / entry["key"] / "metrics.csv")
+        alone = pd.read_csv(tmp_path / "alone" / entry["key"] / "metrics.csv")
+        assert mine["step"].tolist() == [3, 6] and mine.equals(alone)   # every row, every column
+    before = snapshot(d)
+    assert campaign_fold.fold([returned / "runs.jsonl.gz"], d, log=lambda m: None)["unchanged"] == 2
+    assert snapshot(d) == before
+    out = campaign.main(["--dir", str(d), "status"])
+    assert out == 0
+
+
+def _rewrite(returned: Path, tmp_path: Path, change) -> Path:
+    with gzip.open(returned / "runs.jsonl.gz", "rt") as f:
+        records = [json.loads(line) for line in f]
+    for r in records:
+        change(r)
+    path = tmp_path / "runs.jsonl.gz"
+    with gzip.open(path, "wt") as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
+    return path
+
+
+def test_fold_refuses_another_queue_version_and_another_protocol(queue_dir, returned, tmp_path):
+    d = folded_copy(queue_dir, tmp_path)
+    other = _rewrite(returned, tmp_path, lambda r: r.update(queue_version="q-000000000000"))
+    with pytest.raises(campaign_fold.FoldError, match="from queue version q-000000000000"):
+        campaign_fold.fold([other], d)
+
+    def lr(r):
+        r["results"]["config"]["optimizer"]["lr"] = 0.5
+    with pytest.raises(campaign_fold.FoldError, match="optimizer.lr: queued 0.1, ran 0.5"):
+        campaign_fold.fold([_rewrite(returned, tmp_path, lr)], d)
+    assert sorted(p.name for p in d.iterdir()) == ["queue.json"]   # nothing written
+
+
+def test_a_stopped_run_is_an_attempt_not_done(queue_dir, returned, tmp_path):
+    d = folded_copy(queue_dir, tmp_path)
+
+    def stop(r):
+        r["results"]["final"]["step"] = 3
+        r["results"]["stopped"] = {"step": 3, "reason": "deadline"}
+    path = _rewrite(returned, tmp_path, stop)
+    assert campaign_fold.fold([path], d, log=lambda m: None)["stopped"] == 2
+    ledger = json.loads((d / "ledger.json").read_text())
+    assert ledger["runs"] == {} and [a["why"] for a in ledger["attempts"]] == ["deadline at step 3 of 6"] * 2
+    assert not (d / "runs").exists()
+    before = snapshot(d)
+    campaign_fold.fold([path], d, log=lambda m: None)
+    assert snapshot(d) == before
+
+
+def test_plan_reports_what_it_skips_and_keeps_whole_blocks(queue_dir, tmp_path, capsys):
+    d = folded_copy(queue_dir, tmp_path)
+    queue = json.loads((d / "queue.json").read_text())
+    queue["entries"][1]["config_sha"] = "0" * 16   # as if the configs changed since the queue was made
+    (d / "queue.json").write_text(json.dumps(queue))
+    (tmp_path / "speed.json").write_text(json.dumps(SPEED))
+    assert campaign.main(["--dir", str(d), "plan", "--speed", str(tmp_path / "speed.json"), "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "skipped digits_nk0.1_nope_lr0.1_s0: does not compose: MissingConfigException" in out
+    assert "skipped digits_nk0.1_auc_lp_lr0.1_s0: composes to another protocol than queued" in out
+    assert "plan: 1 run(s) of digits (digits_nk0.1_ce_lr0.1_s0)" in out
+
+
+def test_choose_takes_whole_blocks_then_single_runs_that_fit():
+    def e(key, block, obj="ce"):
+        return {"key": key, "block": block, "objective": obj, "steps": 1000}
+    entries = [e("a", 1), e("b", 1, "auc_lp"), e("c", 2, "auc_lp"), e("d", 2), e("f", 3)]
+    cost = {"ce": 1.0, "auc_lp": 2.0}
+    kept, total = campaign.choose(entries, lambda x: cost[x["objective"]], avail=4.5)
+    # block 1 (3 s) fits, block 2 (3 s) does not; then, alone, c (2 s) does not, d (1 s) does, f no more
+    assert [x["key"] for x in kept] == ["a", "b", "d"] and total == 4.0
+
+
+def test_fold_cpu_takes_a_finished_run_as_its_entry_and_refuses_a_short_one(queue_dir, tmp_path):
+    import train
+    d = folded_copy(queue_dir, tmp_path)
+    entry = json.loads((d / "queue.json").read_text())["entries"][0]
+    train.train(compose_job([*entry["overrides"], "trainer.eval_every=3", "device=cpu"]), tmp_path / "ce_run",
+                {"objective": "ce"})
+    assert campaign_fold.fold_cpu([tmp_path / "ce_run"], d, log=lambda m: None)["done"] == 1
+    meta = json.loads((d / "runs" / entry["key"] / "campaign.json").read_text())
+    assert meta["kind"] == "cpu" and "not the grid" in meta["note"]
+    before = snapshot(d)
+    assert campaign_fold.fold_cpu([tmp_path / "ce_run"], d, log=lambda m: None)["unchanged"] == 1
+    assert snapshot(d) == before
+    short = compose_job([*entry["overrides"], "trainer.max_steps=3", "device=cpu", "seed=1"])
+    train.train(short, tmp_path / "short", {"objective": "ce"})
+    with pytest.raises(campaign_fold.FoldError, match="ran 3 of 3 steps; the campaign folds runs of 6"):
+        campaign_fold.fold_cpu([tmp_path / "short"], d)
+
+
+def test_make_tables_renders_pending_cells_from_the_queue(queue_dir, returned, tmp_path, capsys):
+    d = folded_copy(queue_dir, tmp_path)
+    make_tables.main([str(d), "--table", "binary"])
+    out = capsys.readouterr().out
+    assert "| ce | pending |" in out and "| auc_lp | pending |" in out
+    assert "code versions: none (no run done yet)." in out
+    campaign_fold.fold([returned], d, log=lambda m: None)
+    make_tables.main([str(d), "--table", "binary", "--select", "best-test"])
+    out = capsys.readouterr().out
+    assert "(selection on test, optimistic)" in out and "pending" not in out.split("\n\n")[1]
+    assert "| ce | " in out and "(n=1)" in out and "code versions: " in out
