@@ -60,9 +60,23 @@ def svmlight(root=None, download: bool = False, cache_dir=None, path: str | None
              standardize: bool = True, n_features: int | None = None) -> SourceData:
     """A LIBSVM/svmlight file (``sklearn.datasets.load_svmlight_file``), densified.
 
-    ``path`` (and ``test_path``) are absolute or relative to ``root``. Without ``test_path`` a
-    stratified ``test_fraction`` of ``path`` is the fixed test split. Labels are mapped to
-    ``0..K-1`` in sorted order (so ``-1/+1`` becomes ``0/1``: negative/positive).
+    ``path`` (and ``test_path``) are absolute or relative to ``root``; a ``.bz2`` / ``.gz`` file
+    is read as is. Without ``test_path`` a stratified ``test_fraction`` of ``path`` is the fixed
+    test split. Labels are mapped to ``0..K-1`` in sorted order (so ``-1/+1`` and ``1/2`` become
+    ``0/1``: in the binary task the larger original label is the positive class).
+
+    Grabocka et al. 2019 (seed 004, Table 1) train on nine binary sets, each pooled and split
+    80/20 at random: give the pooled file as ``path`` and keep ``test_fraction=0.2``.
+    ``configs/dataset/svmlight.yaml`` lists each set's files, counts and positive class, and a
+    command close to their §4.1. Six are LIBSVM files (concatenate a set's files after
+    decompressing, e.g. ``cat a9a a9a.t > a9a.all``); three are Kaggle CSVs, converted once::
+
+        import pandas as pd
+        from sklearn.datasets import dump_svmlight_file
+        df = pd.read_csv("creditcard.csv")               # CC-Fraud
+        y = df.pop("Class").to_numpy()                   # Porto-Seguro, Santander: "target"
+        df = df.drop(columns=["Time"])                   # Porto-Seguro: "id"; Santander: "ID_code"
+        dump_svmlight_file(df.to_numpy(float), y, "ccfraud.svm", zero_based=False)
     """
     from sklearn.datasets import load_svmlight_file
 
