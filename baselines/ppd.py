@@ -37,9 +37,12 @@ Deliberate deviations (and choices the paper leaves open):
 * Score: :math:`h` = softmax probability of class 1 (= sigmoid of the logit margin), the score
   the LP losses use; the paper's analysis assumes :math:`h \in [0, 1]`.
 * :math:`\alpha_k`'s "fresh" samples are the last ``alpha_samples`` training examples seen through
-  :meth:`on_step_end`, re-scored by :math:`w_k` in eval mode (no BatchNorm side effects); the
-  paper draws a new minibatch of size :math:`m_k`.  Not independent of the iterates, but it costs
-  no extra data pass.
+  :meth:`on_step_end` (whole batches: the last :math:`\lceil m_k / B \rceil`), re-scored by
+  :math:`w_k` in eval mode (no BatchNorm side effects); the paper draws a new minibatch of size
+  :math:`m_k`.  Not independent of the iterates, but it costs no extra data pass.  They are kept
+  in a device ring of batch slots written at a device counter, so a step keeps no Python state
+  and can be replayed from a CUDA graph (:mod:`packed.graph`; ``capturable``); a batch of another
+  shape than the ring's restarts it.
 * No projections: the theory keeps :math:`a, b, \alpha` in bounded sets; with
   :math:`h \in [0,1]` the unprojected iterates stay near those sets anyway.
 * The authors' released code was not available offline, so deviations are stated against the
@@ -81,6 +84,10 @@ class SquareAUCMinMax(Objective):
             at each stage end.
     """
 
+    #: no host sync in forward or hooks; the stage-end reset runs only in steps the optimizer
+    #: marks ``needs_host`` (run eagerly by :class:`packed.graph.GraphedStep`)
+    capturable = True
+
     def __init__(self, pos_ratio: float, alpha_samples: int = 1024) -> None:
         super().__init__()
         if pos_ratio is None or not 0.0 < float(pos_ratio) < 1.0:
@@ -91,7 +98,10 @@ class SquareAUCMinMax(Objective):
         self.a = nn.Parameter(torch.zeros(()))
         self.b = nn.Parameter(torch.zeros(()))
         self.alpha = nn.Parameter(torch.zeros(()))
-        self._cache: list[tuple[torch.Tensor, torch.Tensor]] = []
+        # the last ceil(alpha_samples / B) batches: slots [K, B, ...], and how many were written
+        self._ring_x: torch.Tensor | None = None
+        self._ring_y: torch.Tensor | None = None
+        self._ring_n: torch.Tensor | None = None
 
     def forward(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         labels = check_labels(logits, labels)
@@ -116,26 +126,48 @@ class SquareAUCMinMax(Objective):
         self._remember(*batch)
         if getattr(optimizer, "stage_ended", False):
             with torch.no_grad():
-                self.alpha.fill_(self.estimate_alpha(model))
-            self.record(ppd_alpha_reset=self.alpha.item())
+                self.alpha.copy_(self.estimate_alpha(model))
+            self.record(ppd_alpha_reset=self.alpha)   # a device value: no sync
 
     def _remember(self, x: torch.Tensor, y: torch.Tensor) -> None:
-        """Keep the last ``alpha_samples`` examples (detached) for the stage-end alpha reset."""
-        self._cache.append((x.detach(), y.detach()))
-        kept = sum(len(y) for _, y in self._cache)
-        while self._cache and kept - len(self._cache[0][1]) >= self.alpha_samples:
-            kept -= len(self._cache.pop(0)[1])
+        """Write the batch (detached) into the ring slot ``count % K``, both on the device."""
+        x, y = x.detach(), y.detach()
+        ring = self._ring_x
+        if ring is None or ring.shape[1:] != x.shape or ring.dtype != x.dtype or ring.device != x.device:
+            slots = max(1, -(-self.alpha_samples // len(y)))
+            self._ring_x = x.new_zeros((slots, *x.shape))
+            self._ring_y = y.new_zeros((slots, *y.shape))
+            self._ring_n = torch.zeros((), dtype=torch.long, device=x.device)
+        slot = (self._ring_n % len(self._ring_x)).reshape(1)
+        self._ring_x.index_copy_(0, slot, x[None])
+        self._ring_y.index_copy_(0, slot, y[None])
+        self._ring_n.add_(1)
+
+    def remembered(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The kept examples ``(x [M, ...], y [M])``, oldest slot first (one host read)."""
+        if self._ring_x is None:
+            return torch.empty(0), torch.empty(0, dtype=torch.long)
+        n, slots = int(self._ring_n), len(self._ring_x)
+        kept = min(n, slots)
+        order = [(n - kept + s) % slots for s in range(kept)]
+        return self._ring_x[order].flatten(0, 1), self._ring_y[order].flatten(0, 1)
 
     @torch.no_grad()
-    def estimate_alpha(self, model: nn.Module) -> float:
-        """:math:`\\alpha_k = \\bar h_{y=0} - \\bar h_{y=1}` on the cache, model in eval."""
-        if not self._cache:
-            return 0.0
+    def estimate_alpha(self, model: nn.Module) -> torch.Tensor:
+        """:math:`\alpha_k = \bar h_{y=0} - \bar h_{y=1}` on the kept examples, model in eval;
+        the running :math:`\alpha` where they hold one class only (decided on the device)."""
+        if self._ring_x is None:
+            return self.alpha.detach().clone()
         was_training = model.training
         model.eval()
-        h = torch.cat([binary_scores(model(x), "softmax") for x, _ in self._cache])
+        slots = len(self._ring_x)
+        h = binary_scores(model(self._ring_x.flatten(0, 1)), "softmax").view(slots, -1)
         model.train(was_training)
-        y = torch.cat([y for _, y in self._cache]).to(h.device)
-        if not ((y == 1).any() and (y == 0).any()):
-            return float(self.alpha)  # one class only: keep the running dual variable
-        return float(h[y == 0].mean() - h[y == 1].mean())
+        written = (torch.arange(slots, device=h.device) < self._ring_n.to(h.device))[:, None]
+        y = self._ring_y.to(h.device)
+        pos, neg = written & (y == 1), written & (y == 0)
+        n_pos, n_neg = pos.sum(), neg.sum()
+        mean_neg = torch.where(neg, h, 0.0).sum() / n_neg.clamp_min(1)
+        mean_pos = torch.where(pos, h, 0.0).sum() / n_pos.clamp_min(1)
+        both = (n_pos > 0) & (n_neg > 0)
+        return torch.where(both, mean_neg - mean_pos, self.alpha.detach()).to(self.alpha.dtype)

@@ -47,6 +47,13 @@ Deliberate deviations:
 * BatchNorm buffers are not averaged (they are not parameters): the model keeps its running
   statistics of the last iterates.
 * The authors' released code was not available offline; deviations are against the paper.
+
+In packs and CUDA graphs (:mod:`packed.graph`). ``step()`` makes no host sync, and its one host
+decision, the stage end, is a function of the step count: :meth:`needs_host` names the steps that
+end a stage (a pack runs those eagerly, every other step replays one captured graph), and
+:meth:`sync_clock` sets the host counters after a replay, which runs no Python. Everything a step
+changes between stage ends (parameters, reference points, stage sums, AdaGrad accumulators) is
+device tensors updated in place, so a replay updates it as the eager step would.
 """
 from __future__ import annotations
 
@@ -58,6 +65,7 @@ class _StagewiseProximalPrimalDual(Optimizer):
     """Shared stage logic: proximal reference, stage averaging, :math:`T_k, \\eta_k` schedule."""
 
     handles_ascent = True  # the objective checks this before relying on ``ascent`` groups
+    graph_safe = True      # packed.graph may capture step(): see the module docstring
 
     def __init__(self, params, lr: float, gamma: float, T0: int, weight_decay: float,
                  average: bool, **extra) -> None:
@@ -72,6 +80,26 @@ class _StagewiseProximalPrimalDual(Optimizer):
 
     def _update(self, p: torch.Tensor, g: torch.Tensor, state: dict, group: dict) -> None:
         raise NotImplementedError
+
+    def _clock(self, steps: int) -> tuple[int, int, int]:
+        """(stage, stage_step, stage_len) after ``steps`` steps from the first: stages of
+        ``T0 * 3**(k-1)`` steps, the same arithmetic :meth:`step` does one step at a time."""
+        stage, length = 1, self.T0
+        while steps >= length:
+            steps, stage, length = steps - length, stage + 1, length * 3
+        return stage, steps, length
+
+    def needs_host(self, steps: int) -> bool:
+        """Whether the step taken after ``steps`` steps ends a stage (averaging, ``lr / 3``, the
+        objective's alpha reset): a decision a captured graph of another step would not make."""
+        _, stage_step, stage_len = self._clock(steps)
+        return stage_step + 1 >= stage_len
+
+    def sync_clock(self, steps: int) -> None:
+        """Set the host counters to what ``steps`` steps leave (after a CUDA-graph replay of a
+        step that ended no stage, whose ``step()`` Python never ran)."""
+        self.stage, self.stage_step, self.stage_len = self._clock(steps)
+        self.stage_ended = steps > 0 and self.stage_step == 0
 
     def _new_stage_state(self, state: dict) -> None:
         """Per-parameter state a subclass resets at every stage start."""

@@ -56,6 +56,7 @@ Example::
 """
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from typing import Any
 
@@ -113,6 +114,27 @@ class AUCLoss(PairwiseRampLP):
         (``tests/test_auc_dense_pairs.py``)."""
         return self.pair_layout == "dense" and (self.method == "closed_form"
                                                 or bool(self.solver_options.get("capture_safe")))
+
+    def capture_safe_form(self) -> "AUCLoss | None":
+        """This loss with ``pair_layout="dense"`` and, for ``method="lp"``, the capture-safe
+        solver: the same loss and gradient (``tests/test_auc_dense_pairs.py``), no host sync.
+        ``None`` where the solver options need the host (e.g. ``backward="unrolled"``, a warm
+        start): the solver refuses them, tried here on a two-sample batch."""
+        if self.capturable:
+            return self
+        from solver.errors import LPInputError
+        twin = copy.deepcopy(self)
+        twin.pair_layout = "dense"
+        if twin.method == "lp":   # "auto" may route to HiGHS on the CPU; the capture-safe path is Newton's
+            forward = twin.solver_options.get("forward", "auto")
+            twin.solver_options = {**twin.solver_options, "capture_safe": True,
+                                   "forward": "newton" if forward == "auto" else forward}
+        try:
+            twin(torch.zeros(2, 2), torch.tensor([0, 1]))
+        except LPInputError:
+            return None
+        twin.pop_stats()   # the trial batch is no training batch
+        return twin
 
     def dense_pairs(self, logits: torch.Tensor, labels: torch.Tensor):
         """All ``B x B`` ordered pairs (row-major, so the (positive, negative) pairs keep

@@ -51,6 +51,12 @@ class Objective(nn.Module):
     def extra_param_groups(self) -> list[dict]:
         return []
 
+    def capture_safe_form(self) -> "Objective | None":
+        """An objective with this one's loss and gradient that is :attr:`capturable` (``self``
+        if it already is), or ``None``; the packed launcher trains it in packs on CUDA
+        (:func:`packed.graph.capture_form`)."""
+        return self if self.capturable else None
+
     def on_step_end(self, *, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
                     batch: tuple[torch.Tensor, torch.Tensor]) -> None:
         return None

@@ -78,7 +78,7 @@ from data.stream import BatchStream
 from runfolder import _flatten
 from guards import DegenerateBatchesError
 from objectives.common import labels_checked
-from packed.graph import GraphedStep, capturable
+from packed.graph import GraphedStep, capturable, capture_form
 from packed.model import pack
 from packed.step import Divergence, PackedStep
 
@@ -330,6 +330,11 @@ def _train_pack(members: list[_Member], deadline: float | None = None,
             _check_train_labels(m)
     for m in members:
         _fresh(m)
+    swapped = []   # runs whose objective trains in its capture-safe form (CUDA; same loss and gradient)
+    for m in members:
+        form = capture_form(m.run.objective, device)
+        swapped.append(form is not m.run.objective)
+        m.run.objective = form
     packed = pack([r.model for r in runs])
     for m, view in zip(members, packed.models):
         m.run.attach_optimizer(view)
@@ -339,6 +344,8 @@ def _train_pack(members: list[_Member], deadline: float | None = None,
     stepper = PackedStep(packed, [r.objective for r in runs], [r.optimizer for r in runs],
                          [r.scheduler for r in runs], [r.cfg.trainer.max_grad_norm for r in runs],
                          sync_free=sync_free, autocast=autocast_dtype(runs[0].cfg))
+    log.info(f"pack of {n}: optimizer update: {stepper.update_note}"
+             + (f"; {sum(swapped)} objective(s) in their capture-safe form" if any(swapped) else ""))
     runner = _runner(stepper, cuda_graph, device, n)
     times: dict[str, list[float]] = {"data": [], "step": []}
     stopped = None
@@ -386,7 +393,10 @@ def _train_pack(members: list[_Member], deadline: float | None = None,
             out = []
             for i, m in enumerate(members):
                 div = stepper.divergences.get(i)
-                out.append(m.run.results(timing, m.job.choices, packed={"size": n, "index": i, "sync_free": sync_free},
+                packed_record = {"size": n, "index": i, "sync_free": sync_free,
+                                 "pack_update": stepper.update is not None,
+                                 "capture_safe_objective": swapped[i]}
+                out.append(m.run.results(timing, m.job.choices, packed=packed_record,
                                          diverged={"step": div.step, "reason": div.reason} if div else None,
                                          stopped=stopped))
                 if m.run.rows:

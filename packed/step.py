@@ -13,7 +13,10 @@ is one call on :math:`\sum_{i\ \mathrm{live}} \mathrm{loss}_i`: the models share
 optimizer and scheduler objects, built over ``packed.models[i].parameters()`` (views into the
 storage) plus the objective's own parameter groups, so its update -- SGD momentum and weight
 decay, PPD-SG's stages and averaging, its learning rate and schedule -- is computed by the very
-code of a separate run.
+code of a separate run; except that where every run's optimizer is a plain ``torch.optim.SGD`` over
+its model's parameters, on CUDA, one pack-wide update over the stacked storage does what their N
+``step()`` calls would (:class:`packed.optim.PackedSGD`, reading each run's hyperparameters from
+its own optimizer, equal to 1e-10 in float64; :attr:`PackedStep.pack_update`).
 
 Divergence. A run whose logits or loss are non-finite is marked in :attr:`PackedStep.diverged`
 (with the step and the reason, as ``train.py``'s ``NonFiniteLossError`` would report it) and
@@ -45,6 +48,7 @@ from dataclasses import dataclass, field
 import torch
 
 from packed.model import PackedModels
+from packed.optim import PackedSGD, unsupported
 
 
 #: sync-free mode's loss codes, in the words of ``train.py``'s ``f"loss is {loss.item()}"``
@@ -99,6 +103,12 @@ class PackedStep:
     #: a 0-dim int64 device tensor holding ``step + 1``, set by a caller that replays the step
     #: from a CUDA graph (where a Python ``step`` would be frozen at capture); ``None``: use ``step``
     step_counter: torch.Tensor | None = field(default=None, repr=False)
+    #: one pack-wide optimizer update (:class:`packed.optim.PackedSGD`) instead of N
+    #: ``optimizer.step()`` calls: ``True`` (raises where unsupported), ``False``, or ``None``:
+    #: where supported and the storage is on CUDA. Not on the CPU by default: there the update
+    #: is a sliver of a convolution-bound step, and the per-run ``torch.optim.SGD`` keeps the
+    #: ``loop`` mode bitwise equal to separate runs (``tests/test_packed.py``)
+    pack_update: bool | None = None
     _frozen_mask: tuple | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -110,6 +120,15 @@ class PackedStep:
         self.max_grad_norm = list(self.max_grad_norm or [None] * n)
         if len(self.max_grad_norm) != n:
             raise ValueError(f"max_grad_norm has {len(self.max_grad_norm)} entries for {n} runs")
+        why = unsupported(self.packed, self.optimizers)
+        on_cuda = next(iter(self.packed.params.values())).device.type == "cuda"
+        if self.pack_update and why:
+            raise ValueError(f"pack_update=True but {why}: leave pack_update=None to fall back")
+        want = self.pack_update if self.pack_update is not None else on_cuda
+        #: the pack-wide update in use, or ``None`` (each run's optimizer steps); ``update_note``
+        #: says which and, where it fell back, why (the launcher logs it)
+        self.update = PackedSGD(self.packed, self.optimizers) if want and not why else None
+        self.update_note = "pack-wide SGD" if self.update else f"per-run optimizers ({why or 'CPU default'})"
 
     @property
     def diverged(self) -> list[bool]:
@@ -190,14 +209,21 @@ class PackedStep:
         packed.grads_to_models()
         for i in self.divergences:
             packed.models[i].zero_grad(set_to_none=True)
+        # per run: clip, update, schedule, hooks. Runs share nothing, so doing each phase for all
+        # runs before the next is the same as train.py's order run by run (and lets the update
+        # be one pack-wide pass)
         for i in live:
-            model = packed.models[i]
             if self.max_grad_norm[i]:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), self.max_grad_norm[i])
-            self.optimizers[i].step()
+                torch.nn.utils.clip_grad_norm_(packed.models[i].parameters(), self.max_grad_norm[i])
+            if self.update is None:
+                self.optimizers[i].step()
+        if self.update is not None and live:
+            self.update.step(self.frozen_mask(packed.params[next(iter(packed.params))].device)
+                             if self.divergences else None)
+        for i in live:
             if self.schedulers[i] is not None and schedule:
                 self.schedulers[i].step()
-            self.objectives[i].on_step_end(step=step, model=model, optimizer=self.optimizers[i],
+            self.objectives[i].on_step_end(step=step, model=packed.models[i], optimizer=self.optimizers[i],
                                            batch=(x[i], y[i]))
 
     def frozen_mask(self, device: torch.device) -> torch.Tensor:

@@ -102,12 +102,13 @@ def test_a_divergence_is_recorded_at_its_step_and_freezing_recaptures(float64_de
     assert graphed.captures == 2 and torch.isnan(out.losses[1]) and torch.isfinite(out.losses[[0, 2]]).all()
 
 
-@pytest.mark.parametrize("what", ["ppd", "masked_auc", "not_sync_free", "adam"])
+@pytest.mark.parametrize("what", ["f1_lp", "masked_auc", "not_sync_free", "adam"])
 def test_packs_that_cannot_be_captured_are_refused_with_the_reason(compose_cfg, what):
     from builders import instantiate_runtime
     objs = objectives()
-    if what == "ppd":
-        objs[0] = instantiate_runtime(compose_cfg(["objective=ppd_sg"]).objective, pos_ratio=0.5)
+    if what == "f1_lp":   # a general LP: its solver decides on the host
+        objs[0] = instantiate_runtime(compose_cfg(["objective=f1_lp"]).objective, pos_ratio=0.5,
+                                      num_classes=2, class_counts=[5, 5])
     if what == "masked_auc":
         objs[1] = AUCLoss(solver={"capture_safe": True})
     _, st = make_pack(objs)
@@ -116,8 +117,8 @@ def test_packs_that_cannot_be_captured_are_refused_with_the_reason(compose_cfg, 
     if what == "adam":
         st.optimizers[2] = torch.optim.Adam(copy.copy(st.optimizers[2].param_groups[0]["params"]))
     why = capturable(st)
-    expected = {"ppd": "SquareAUCMinMax is not capturable", "masked_auc": "AUCLoss is not capturable",
-                "not_sync_free": "not sync-free", "adam": "Adam is not plain torch.optim.SGD"}[what]
+    expected = {"f1_lp": "is not capturable", "masked_auc": "AUCLoss is not capturable",
+                "not_sync_free": "not sync-free", "adam": "Adam is neither plain torch.optim.SGD"}[what]
     assert expected in why
     with pytest.raises(ValueError, match="cannot be captured"):
         GraphedStep(st)
