@@ -13,9 +13,9 @@ follow scikit-learn, which ``tests/test_baselines_surrogate.py`` compares agains
   (``average_precision_score``): :math:`AP = \frac1{|P|}\sum_{i\in P} \frac{|\{j \in P: s_j \ge
   s_i\}|}{|\{j: s_j \ge s_i\}|}`.
 * F1, Jaccard and MCC are 0 where their denominator is 0 (``zero_division=0``; MCC's convention).
-* EER: on the ROC points of every distinct threshold (``roc_curve(drop_intermediate=False)``,
-  including the all-negative point), the first point of least :math:`|FNR - FPR|` in decreasing
-  threshold order gives :math:`(FNR + FPR) / 2`.
+* EER: where the ROC, linearly interpolated between the points of consecutive distinct
+  thresholds, crosses :math:`FNR = FPR` (the definition :func:`metrics.eer` evaluates, so the
+  surrogate learns the loss the run is scored on).
 * A set without positives or without negatives has no AUC / EER (and no AP without positives):
   those entries are NaN, and the surrogate skips them.
 """
@@ -86,26 +86,29 @@ def one_minus_ap(y, s, threshold: float = 0.0):
 
 
 def eer(y, s, threshold: float = 0.0):
-    """Equal error rate on the ROC points of the distinct thresholds; NaN without both classes."""
+    """Equal error rate where the interpolated ROC crosses FNR = FPR (:func:`metrics.eer`'s
+    closed form, batched); NaN without both classes."""
     order = torch.argsort(s, dim=-1, descending=True, stable=True)
     ys = torch.gather(y.long(), -1, order)
     ss = torch.gather(s, -1, order)
     num_pos = ys.sum(-1, keepdim=True)
     num_neg = ys.shape[-1] - num_pos
-    tp, fp = ys.cumsum(-1), (1 - ys).cumsum(-1)
+    zero = torch.zeros_like(ys[..., :1])
+    tp, fp = torch.cat([zero, ys.cumsum(-1)], -1), torch.cat([zero, (1 - ys).cumsum(-1)], -1)
     last_of_tie = torch.ones_like(ys, dtype=torch.bool)
     last_of_tie[..., :-1] = ss[..., :-1] != ss[..., 1:]
-    zero = torch.zeros_like(tp[..., :1])
-    tp, fp = torch.cat([zero, tp], -1), torch.cat([zero, fp], -1)
-    valid = torch.cat([torch.ones_like(last_of_tie[..., :1]), last_of_tie], -1)
-    # |FNR - FPR| * P * N in exact integers, so equal gaps tie exactly and argmin takes the first
-    gap = ((num_pos - tp) * num_neg - fp * num_pos).abs()
-    gap = torch.where(valid, gap, torch.full_like(gap, torch.iinfo(gap.dtype).max))
-    k = gap.argmin(-1, keepdim=True)
+    valid = torch.cat([torch.ones_like(last_of_tie[..., :1]), last_of_tie], -1)  # ROC points
+    # FPR + TPR >= 1 in exact integers; the first valid point past it ends the crossing segment
+    past = valid & (fp * num_pos + tp * num_neg >= num_pos * num_neg)
+    k = past.int().argmax(-1, keepdim=True).clamp_min(1)
+    index = torch.arange(valid.shape[-1], device=s.device).expand_as(valid)
+    prev_valid = torch.where(valid, index, torch.zeros_like(index)).cummax(-1).values
+    k0 = torch.gather(prev_valid, -1, k - 1)   # the segment's start: the valid point before k
     P, N = num_pos.double(), num_neg.double()
-    fnr = 1.0 - torch.gather(tp, -1, k).double() / P.clamp_min(1)
-    fpr = torch.gather(fp, -1, k).double() / N.clamp_min(1)
-    out = ((fnr + fpr) / 2).squeeze(-1)
+    tp0, fp0 = torch.gather(tp, -1, k0).double(), torch.gather(fp, -1, k0).double()
+    tp1, fp1 = torch.gather(tp, -1, k).double(), torch.gather(fp, -1, k).double()
+    u = (P * N - fp0 * P - tp0 * N) / ((fp1 - fp0) * P + (tp1 - tp0) * N)
+    out = ((fp0 + u * (fp1 - fp0)) / N).squeeze(-1)
     ok = ((P > 0) & (N > 0)).squeeze(-1)
     return torch.where(ok, out, torch.full_like(out, float("nan")))
 
