@@ -36,6 +36,8 @@ def per_image(x: torch.Tensor) -> torch.Tensor:
     The authors apply it to float pixels on the 0..255 scale (``cifar_input.py``,
     ``per_image_standardization``; ``cifar10.py`` casts to float32 without rescaling), and so do
     we: the floor is scale-dependent, the rest is not."""
+    if len(x) == 0:   # an empty split (no validation under dataset.split=authors)
+        return x
     dims = tuple(range(1, x.ndim))
     n = math.prod(x.shape[1:])
     mean = x.mean(dim=dims, keepdim=True)
