@@ -4,8 +4,9 @@ For each ``*.mps`` (or ``*.MPS``) file of a folder: read it (:func:`solver.mps.r
 convert it to our form ``min c^T z s.t. A z <= b, A_eq z = b_eq, z >= 0``
 (:func:`solver.mps.to_standard_form`), solve the converted LP with HiGHS
 (``scipy.optimize.linprog(method="highs")``, the reference) and with ``solver.solve_lp`` in
-float64 -- default options (``forward="auto"``, ``max_seconds=60``) and Newton alone
-(``forward="newton"``) -- and report per instance and forward:
+float64 -- default options (``forward="auto"``, ``max_seconds=60``), Newton alone
+(``forward="newton"``) and Newton without equilibration (``equilibrate=0``) -- and report per
+instance and configuration:
 
 * solved (objective within ``1e-6`` of HiGHS, relative to ``max(1, |HiGHS|)``), refused (a
   typed ``LPSolverError``: its ``kind``) or wrong (a returned objective off by more);
@@ -34,7 +35,10 @@ from solver import LPSolverError, solve_lp
 from solver.mps import read_mps, to_standard_form
 
 ACCURACY = 1e-6
-FORWARDS = ("auto", "newton")      # the default, and Newton alone (what "auto" starts with)
+# the default; Newton alone (what "auto" starts with); Newton without equilibration (the
+# forward before issue 20)
+CONFIGS = {"auto": {}, "newton": {"forward": "newton"},
+           "newton_unscaled": {"forward": "newton", "equilibrate": 0}}
 DENSE_MAX = 1_000_000              # A with more entries than this goes in as torch.sparse
 
 
@@ -84,11 +88,11 @@ def bench_instance(path, repeats=5, budget_s=3.0, options=None):
            "highs_obj": None if ref.status != 0 else float(ref.fun + S.offset),
            "highs_iterations": int(getattr(ref, "nit", 0))}
     data = _tensors(S)
-    for fw in FORWARDS:
+    for fw, kw in CONFIGS.items():
         def call():
             try:
                 with torch.no_grad():
-                    return solve_lp(*data, forward=fw, **(options or {}))
+                    return solve_lp(*data, **{**kw, **(options or {})})
             except LPSolverError as err:
                 return err
         t, out = _timed(call, repeats, budget_s)
@@ -116,7 +120,7 @@ def run_public(mps_dir, repeats=5, budget_s=3.0, log=print):
     for p in files:
         t0 = time.perf_counter()
         rows.append(bench_instance(p, repeats, budget_s))
-        log(f"{p.name}: " + ", ".join(f"{fw} {rows[-1][fw]['status']}" for fw in FORWARDS)
+        log(f"{p.name}: " + ", ".join(f"{fw} {rows[-1][fw]['status']}" for fw in CONFIGS)
             + f" [{time.perf_counter() - t0:.1f} s]")
     return rows
 
@@ -139,6 +143,7 @@ def write_public_report(rows, meta, out_dir, stem="public_lps"):
     (out_dir / f"{stem}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     head = ("| instance | rows × cols (ours: m + p, n) | HiGHS objective | HiGHS ms | default "
             "(`auto`): status | rel. error | time / HiGHS | steps | `newton`: status | "
+            "rel. error | time / HiGHS | Newton steps | `newton`, `equilibrate=0`: status | "
             "rel. error | time / HiGHS | Newton steps |")
     lines = [f"# Public LPs (MPS): `solve_lp` against HiGHS", "",
              f"Command: `{meta['command']}`  ", f"Date: {meta['date']}; machine: {meta['cpu']}, "
@@ -150,16 +155,18 @@ def write_public_report(rows, meta, out_dir, stem="public_lps"):
              "refused = a typed `LPSolverError` (its `kind`). Steps: Newton steps, or HiGHS's "
              "simplex iterations where the answer came from HiGHS (`highs`); "
              "`newton+highs` = Newton's steps before the hand-off plus HiGHS's.", "",
-             head, "|" + "---|" * 12]
+             head, "|" + "---|" * 16]
     for r in rows:
         obj = "–" if r["highs_obj"] is None else f"{r['highs_obj']:.10g}"
         lines.append("| " + " | ".join(
             [r["instance"], f"{r['rows']} × {r['cols']} ({r['m']} + {r['p']}, {r['n']})", obj,
-             f"{r['highs_ms']:.2f}"] + _cell(r["auto"]) + _cell(r["newton"])) + " |")
-    ok = {fw: sum(r[fw]["status"] in ("solved", "refused") for r in rows) for fw in FORWARDS}
-    solved = {fw: sum(r[fw]["status"] == "solved" for r in rows) for fw in FORWARDS}
-    lines += ["", f"Default options: {solved['auto']} of {len(rows)} solved to 1e-6, "
-              f"{ok['auto'] - solved['auto']} refused with a typed error, "
-              f"{len(rows) - ok['auto']} wrong. Newton alone: {solved['newton']} solved, "
-              f"{ok['newton'] - solved['newton']} refused, {len(rows) - ok['newton']} wrong.", ""]
+             f"{r['highs_ms']:.2f}"] + _cell(r["auto"]) + _cell(r["newton"])
+            + _cell(r["newton_unscaled"])) + " |")
+    ok = {fw: sum(r[fw]["status"] in ("solved", "refused") for r in rows) for fw in CONFIGS}
+    solved = {fw: sum(r[fw]["status"] == "solved" for r in rows) for fw in CONFIGS}
+    names = {"auto": "Default options", "newton": "Newton alone",
+             "newton_unscaled": "Newton without equilibration"}
+    lines += [""] + [f"{names[fw]}: {solved[fw]} of {len(rows)} solved to 1e-6, "
+                     f"{ok[fw] - solved[fw]} refused with a typed error, "
+                     f"{len(rows) - ok[fw]} wrong.  " for fw in CONFIGS] + [""]
     (out_dir / f"{stem}.md").write_text("\n".join(lines))

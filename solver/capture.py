@@ -66,7 +66,8 @@ def check_capture_call(prob, opts, backward: str) -> None:
                                   ("warm_start", opts.warm_start is None),
                                   ("vertex_guess", opts.vertex_guess is None),
                                   ("sketch", opts.sketch is None),
-                                  ("forward='highs'", opts.forward == "newton"),
+                                  # auto on a separable LP is Newton (no hand-off)
+                                  ("forward='highs'", opts.forward in ("newton", "auto")),
                                   ("eps_warmup > 0", not opts.eps_warmup),
                                   ("step='exact'/'armijo'", opts.step in ("auto", "fixed")),
                                   ("linear_solver other than diagonal",

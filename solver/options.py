@@ -91,6 +91,13 @@ class SolverOptions:
     # that eps stage (it would spend the rest of max_iter there); forward="auto" hands it to
     # HiGHS.  Converging stages on the test LPs take 2-30 steps and improve every few steps
     stall_steps: int = 25
+    # Ruiz equilibration rounds before Newton (solver/scaling.py; 0: off) for dense and
+    # torch.sparse A; mapped back exactly (primal, duals, backward).  Each round halves the
+    # log-spread of the row and column norms; 10 leave them within 2% of 1 (8
+    # decades of spread, tests/test_solver_scaling.py).  Not applied where a vertex_guess
+    # certifies (no Newton step runs), to separable LPs, or with backward="unrolled" (whose
+    # Jacobian is the penalty iterate's, which the scaling changes)
+    equilibrate: int = 10
     # capture-safe path (solver/capture.py) for separable LPs (A a DiagonalOperator, no
     # equalities: the AUC-family LPs): fixed shapes, fixed_iters Newton steps in each of
     # fixed_eps_stages eps stages, finished LPs masked (never changed again), no host sync in
@@ -152,6 +159,7 @@ class SolverOptions:
                f"max_seconds={self.max_seconds!r} must be a number > 0 (seconds; None: no "
                f"bound)")
         yield count("stall_steps", 2)
+        yield count("equilibrate", 0)
         yield (self.linear_solver in ("auto",) + LINEAR_SOLVERS,   # linsolve owns the list
                f"linear_solver={self.linear_solver!r} must be auto, " + ", ".join(LINEAR_SOLVERS))
         for name in ("eps", "tol", "cg_tol"):

@@ -33,6 +33,7 @@ from solver.newton import newton_penalty
 from solver.options import SolverOptions
 from solver.problem import build_problem
 from solver.recover import Recovery, recover, recover_guess
+from solver.scaling import ruiz_factors, scale_problem
 from solver.sketch import make_sketch
 from solver.solution import LPSolution
 from solver import diagnose
@@ -58,7 +59,10 @@ def _merge(old: Recovery | None, new: Recovery, ok: torch.Tensor) -> Recovery:
 _RECOVERY_FIELDS = tuple(f.name for f in fields(Recovery))
 
 
-def _initial_point(prob, opts):
+def _initial_point(prob, opts, s=None):
+    """Start ``(z0, eps)``: zero and ``opts.eps``, or the ``warm_start``'s penalty iterate
+    (divided by the column factors ``s`` of an equilibrated LP: warm starts are stored
+    unscaled) and eps."""
     eps = torch.full((prob.B,), opts.eps, dtype=prob.dtype, device=prob.device)
     z = torch.zeros(prob.B, prob.n, dtype=prob.dtype, device=prob.device)
     ws = opts.warm_start
@@ -78,7 +82,8 @@ def _initial_point(prob, opts):
     z0 = z0.detach().to(prob.dtype).reshape(-1, prob.n)
     if z0.shape[0] not in (1, prob.B):
         raise LPInputError(f"warm_start holds {z0.shape[0]} LPs, the batch has {prob.B}.")
-    return z0.expand(prob.B, prob.n).clone(), eps
+    z0 = z0.expand(prob.B, prob.n)
+    return (z0.clone() if s is None else z0 / s), eps
 
 
 def _guess(prob, opts):
@@ -365,62 +370,89 @@ def solve_lp(c, A, b, A_eq=None, b_eq=None, *, backward: str = "active_set",
     opts = opts.resolved(prob.dtype, separable=method == "diagonal")
     if route == "auto" and method == "diagonal":
         route = "newton"            # separable: Newton needs <= a few steps, no hand-off
-    forward = route
     if highs:   # failures raise (or warn) inside, with the same typed errors
         check_call(prob, backward)
+        work, sc, forward = prob, None, "highs"
         run = highs_forward(prob, opts, method, deadline)
     else:
-        run = None
-        if opts.vertex_guess is not None and backward != "unrolled":
-            run = run_from_guess(prob, opts, method)
-        if run is None:
-            z0, eps0 = _initial_point(prob, opts)
-            unrolled = backward == "unrolled" and torch.is_grad_enabled()
-            handoff = route == "auto"
-            # auto: Newton gets half the time, HiGHS keeps the rest for a hand-off
-            newton_deadline = deadline if not handoff or deadline is None else \
-                t0 + AUTO_NEWTON_SHARE * opts.max_seconds
-            with torch.set_grad_enabled(unrolled):
-                run = run_eps_loop(prob, z0, eps0, opts, method,
-                                   opts.unrolled_eps_steps if backward == "unrolled" else 0,
-                                   deadline=newton_deadline, handoff=handoff)
-        if route == "auto" and not bool(run["done"].all()):
-            # stalled, not converged, out of Newton's time, or diverged (HiGHS then names
-            # the LP infeasible or unbounded): HiGHS solves those, the rest keep Newton's
-            only = (~run["done"]).nonzero().flatten().tolist()
-            run = highs_forward(prob, opts, method, deadline, only=only, start=run)
-            highs = True
-            forward = "highs" if len(only) == prob.B else "newton+highs"
-        else:
-            forward = "newton"
-    rec = run["rec"]
+        work, sc, run, forward = _newton_forward(prob, opts, method, backward, route, t0,
+                                                 deadline)
+        highs = forward != "newton"
     if not highs and not bool(run["done"].all()):
-        stats, _ = _stats(prob, run, method, time.perf_counter() - t0)
-        if run.get("timed_out"):
-            raise _time_limit_error(opts, run, stats)
-        kind, msg, bad = diagnose.explain(prob, opts, method, run, deadline) \
-            if opts.diagnose else \
-            ("not_converged", diagnose.not_converged_message(opts, run), [])
-        if kind == "not_converged" and deadline is not None and time.perf_counter() > deadline:
-            raise _time_limit_error(opts, run, stats)
-        if kind != "not_converged" or opts.on_fail == "raise":
-            raise LPSolverError(msg, kind=kind, stats=stats, instances=bad)
-        warnings.warn(msg, LPNotConvergedWarning, stacklevel=2)
+        _raise_or_warn(work, opts, method, run, t0, deadline)
+    return _solution(prob, work, sc, run, method, backward, c.dtype, forward, t0)
+
+
+def _newton_forward(prob, opts, method, backward, route, t0, deadline):
+    """Newton (after a ``vertex_guess``, if any), on the equilibrated LP where
+    :mod:`solver.scaling` applies, with ``forward="auto"``'s hand-off to HiGHS.
+    Returns ``(work, scaling, run, forward)``: the LP the run describes (scaled or not)."""
+    if opts.vertex_guess is not None and backward != "unrolled":
+        run = run_from_guess(prob, opts, method)
+        if run is not None:
+            return prob, None, run, "newton"
+    # unrolled: its Jacobian is that of the penalty iterate, which scaling changes by O(eps)
+    # (cosine 0.9976 against the active-set one on test_solver_grad's seed 5, 0.999+ unscaled)
+    sc = ruiz_factors(prob, opts.equilibrate) \
+        if method != "diagonal" and backward != "unrolled" else None
+    work = prob if sc is None else scale_problem(prob, sc)
+    z0, eps0 = _initial_point(work, opts, None if sc is None else sc.s)
+    unrolled = backward == "unrolled" and torch.is_grad_enabled()
+    handoff = route == "auto"
+    # auto: Newton gets a share of the time, HiGHS keeps the rest for a hand-off
+    newton_deadline = deadline if not handoff or deadline is None else \
+        t0 + AUTO_NEWTON_SHARE * opts.max_seconds
+    with torch.set_grad_enabled(unrolled):
+        run = run_eps_loop(work, z0, eps0, opts, method,
+                           opts.unrolled_eps_steps if backward == "unrolled" else 0,
+                           deadline=newton_deadline, handoff=handoff)
+    if not handoff or bool(run["done"].all()):
+        return work, sc, run, "newton"
+    # stalled, not converged, out of Newton's time, or diverged (HiGHS then names the LP
+    # infeasible or unbounded): HiGHS solves those, the rest keep Newton's vertices
+    only = (~run["done"]).nonzero().flatten().tolist()
+    run = highs_forward(work, opts, method, deadline, only=only, start=run)
+    return work, sc, run, "highs" if len(only) == prob.B else "newton+highs"
+
+
+def _raise_or_warn(work, opts, method, run, t0, deadline):
+    """A Newton run that left LPs unsolved: time limit, or diagnose (infeasible, unbounded,
+    not converged) and raise, or warn with ``on_fail="warn"``."""
+    stats, _ = _stats(work, run, method, time.perf_counter() - t0)
+    if run.get("timed_out"):
+        raise _time_limit_error(opts, run, stats)
+    kind, msg, bad = diagnose.explain(work, opts, method, run, deadline) if opts.diagnose \
+        else ("not_converged", diagnose.not_converged_message(opts, run), [])
+    if kind == "not_converged" and deadline is not None and time.perf_counter() > deadline:
+        raise _time_limit_error(opts, run, stats)
+    if kind != "not_converged" or opts.on_fail == "raise":
+        raise LPSolverError(msg, kind=kind, stats=stats, instances=bad)
+    warnings.warn(msg, LPNotConvergedWarning, stacklevel=4)
+
+
+def _solution(prob, work, sc, run, method, backward, out_dtype, forward, t0):
+    """The :class:`LPSolution`: the forward's vertex with its backward attached, mapped back
+    from the equilibrated LP ``work`` where there was one (:mod:`solver.scaling`)."""
+    rec = run["rec"]
     if backward == "unrolled":
         z = unrolled_output(rec.z, run["zp"])
     else:
-        z = active_set_output(prob, rec.z, rec.system)
-    out_dtype = c.dtype
+        z = active_set_output(work, rec.z, rec.system)
+    uA, uz, uE, zp = rec.uA, rec.uz, rec.uE, run["zp"].detach()
+    if sc is not None:      # z = D_s z_hat, u_A = D_r u_A_hat, u_z = u_z_hat / D_s, ...
+        z, zp, uA, uz = z * sc.s, zp * sc.s, uA * sc.r, uz / sc.s
+        uE = None if uE is None else uE * sc.re
     z_out = prob.unflatten(z, (prob.n,)).to(out_dtype)
     value = (prob.unflatten(prob.c, (prob.n,)).to(out_dtype) * z_out).sum(-1)
-    stats, per = _stats(prob, run, method, time.perf_counter() - t0, forward)
+    stats, per = _stats(work, run, method, time.perf_counter() - t0, forward)
+    stats["equilibrated"] = sc is not None
     return LPSolution(
         z=z_out, value=value,
-        dual=prob.unflatten(rec.uA, (prob.m,)).to(out_dtype),
+        dual=prob.unflatten(uA, (prob.m,)).to(out_dtype),
         active=prob.unflatten(rec.wA > 0, (prob.m,)),
         stats=stats, instance_stats=per,
-        dual_eq=None if rec.uE is None else prob.unflatten(rec.uE, (prob.p,)).to(out_dtype),
-        dual_bounds=prob.unflatten(rec.uz, (prob.n,)).to(out_dtype),
+        dual_eq=None if uE is None else prob.unflatten(uE, (prob.p,)).to(out_dtype),
+        dual_bounds=prob.unflatten(uz, (prob.n,)).to(out_dtype),
         active_bounds=prob.unflatten(rec.wz > 0, (prob.n,)),
-        eps=None if highs else prob.unflatten(run["eps"].detach()),
-        penalty_z=prob.unflatten(run["zp"].detach(), (prob.n,)))
+        eps=None if forward != "newton" else prob.unflatten(run["eps"].detach()),
+        penalty_z=prob.unflatten(zp, (prob.n,)))
