@@ -51,14 +51,12 @@ one a smooth but biased one. The hinge's ``margin`` is in score units against a 
 """
 from __future__ import annotations
 
-import math
-
 import torch
 
 from baselines.direct_loss_01 import ZeroOneTask
 from baselines.direct_loss_ap import APTask
 from objectives.base import Objective
-from objectives.common import binary_scores, check_labels, zero_loss
+from objectives.common import binary_scores, check_labels, finite_positive, zero_loss
 from validate import ConfigError
 
 TASK_LOSSES = {"ap": APTask, "zero_one": ZeroOneTask}
@@ -70,16 +68,6 @@ def _choice(key: str, value, allowed) -> str:
         raise ConfigError(f"objective.{key}={value!r} is not one of {', '.join(allowed)}; e.g. "
                           f"objective.{key}={next(iter(allowed))}")
     return value
-
-
-def _positive(key: str, value) -> float:
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        v = math.nan
-    if not (math.isfinite(v) and v > 0):
-        raise ConfigError(f"objective.{key}={value!r} must be a finite number > 0, e.g. 0.1")
-    return v
 
 
 class DirectLoss(Objective):
@@ -102,8 +90,8 @@ class DirectLoss(Objective):
         super().__init__()
         self.task_cls = TASK_LOSSES[_choice("task_loss", task_loss, tuple(TASK_LOSSES))]
         self.update = _choice("update", update, UPDATES)
-        self.epsilon = _positive("epsilon", epsilon)
-        self.margin = _positive("margin", margin)
+        self.epsilon = finite_positive("epsilon", epsilon, " (e.g. 0.1)")
+        self.margin = finite_positive("margin", margin, " (e.g. 1.0)")
 
     def compared(self, task):
         """The two outputs whose :math:`F` difference is the update, and its factor."""

@@ -146,9 +146,9 @@ def test_bad_names_fail_naming_the_allowed_values():
         DirectLoss("ap", "structured")
     with pytest.raises(ConfigError, match="ap, zero_one"):
         DirectLoss("hamming", "positive")
-    with pytest.raises(ConfigError, match="epsilon"):
+    with pytest.raises(ValueError, match="epsilon"):
         DirectLoss(epsilon=0.0)
-    with pytest.raises(ConfigError, match="margin"):
+    with pytest.raises(ValueError, match="margin"):
         DirectLoss(margin=float("nan"))
 
 
