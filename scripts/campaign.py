@@ -127,8 +127,20 @@ def probe(entries: list[dict], extra: list[str], args) -> tuple[dict, object]:
     cfg = gpu_tables.compose_job(overrides, first["experiment"])
     device = resolve_device(cfg.device)
     objectives = list(dict.fromkeys(e["objective"] for e in entries[:args.probe_window]))
-    speed = gpu_tables.measure(cfg, overrides, device, args.probe_n, args.probe_reps, objectives,
-                               first["experiment"])
+    try:
+        speed = gpu_tables.measure(cfg, overrides, device, args.probe_n, args.probe_reps, objectives,
+                                   first["experiment"])
+    except Exception as err:   # noqa: BLE001 -- one objective's failure must not cost the window
+        print(f"probe: {campaign_queue.first_line(err)}; probing each objective alone", flush=True)
+        speed = {}
+        for obj in objectives:   # an objective that fails stays unpriced: its entries are skipped
+            try:
+                speed.update(gpu_tables.measure(cfg, overrides, device, args.probe_n, args.probe_reps,
+                                                [obj], first["experiment"]))
+            except Exception as e:   # noqa: BLE001
+                print(f"probe: {obj} failed ({campaign_queue.first_line(e)}); its runs are skipped", flush=True)
+        if "eval_ms" not in speed:
+            raise
     speed.update(device=str(device), torch=torch.__version__)
     return speed, device
 
@@ -186,7 +198,8 @@ def run(args) -> int:
             jobs.append(Job(cfg, run_dirs[e["key"]], {"objective": choice, "dataset": cfg.dataset.name}, e["key"]))
     eval_ms = plan["speed"].get("eval_ms", 0.0)
     reserve_s = 1.5 * len(jobs) * eval_ms / 1000 + 10   # every run's last evaluation, and the export
-    outcomes = train_packed(jobs, max_pack=args.max_pack, deadline=start + args.budget_s - reserve_s)
+    outcomes = train_packed(jobs, max_pack=args.max_pack, deadline=start + args.budget_s - reserve_s,
+                            cuda_graph=args.cuda_graph)
     gpu_tables.export(run_dirs, out, extra={"queue_version": queue["version"], "run_id": run_id, "kind": "gpu"})
     plan["outcome"] = {j.name: campaign_fold.outcome_text(o, e["steps"]) for j, o, e in zip(jobs, outcomes, kept)}
     (out / "plan.json").write_text(json.dumps(plan, indent=1))
@@ -222,6 +235,9 @@ def main(argv: list[str] | None = None) -> int:
             r.add_argument("--out", required=True)
             r.add_argument("--work", help="run folders (default: a temporary folder)")
             r.add_argument("--max-pack", type=int, default=None)
+            r.add_argument("--cuda-graph", action="store_true",
+                           help="replay capturable packs from a CUDA graph (the launcher's option; the plan "
+                                "is priced from eager steps, so it only finishes sooner)")
     campaign_fold.add_parsers(sub)
     args = ap.parse_args(argv)
     if args.cmd == "queue":

@@ -58,9 +58,10 @@ SECTIONS = (
 
 
 def config_sha(config: dict) -> str:
-    """Hash of a run's protocol (``config`` as results.json stores it)."""
+    """Hash of a run's protocol and seed (``config`` as results.json stores it): what makes it
+    this run, wherever it ran (tables pool seeds; the queue must not)."""
     from make_tables import protocol
-    text = json.dumps(protocol(config), sort_keys=True, default=str)
+    text = json.dumps(protocol(config) | {"seed": config.get("seed")}, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

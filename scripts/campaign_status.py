@@ -50,11 +50,23 @@ def status(folder: Path, with_windows: bool = False) -> str:
     if broken:
         lines.append(f"not composing (skipped by plan): {', '.join(broken)}")
     if with_windows:
-        rates = read_json(folder / RATES, "rates file")
-        w = windows(good, rates)
-        lines += ["", f"device time still needed at {rates['source']}: {w['hours'][0]}-{w['hours'][1]} h, "
-                  f"{w['windows'][0]}-{w['windows'][1]} commands of {rates['budget_s']:g} s "
-                  f"({rates['margin']:g} of it planned) for {w['runs'] - sum(w['unpriced'].values())} runs"]
-        if w["unpriced"]:
-            lines.append("unpriced (no measured rate): " + ", ".join(f"{k} ({n} runs)" for k, n in w["unpriced"].items()))
+        lines += ["", *windows_table(good, tables, read_json(folder / RATES, "rates file"))]
     return "\n".join(lines)
+
+
+def windows_table(todo: list[dict], tables: list[str], rates: dict) -> list[str]:
+    """Device commands still needed: the first pending cell, each table, everything (a run that
+    fills two tables counts in both rows, once in the total)."""
+    first_cell = todo[0]["block"].rsplit("/seed=", 1)[0] if todo else None
+    parts = [(f"first cell ({first_cell})", [e for e in todo if e["block"].rsplit("/seed=", 1)[0] == first_cell])]
+    parts += [(t, [e for e in todo if t in e["tables"]]) for t in tables] + [("all pending", todo)]
+    out = [f"Device commands still needed at {rates['source']}: each of {rates['budget_s']:g} s, "
+           f"{rates['margin']:g} of it planned; low = {rates['sources']['low']}; high = {rates['sources']['high']}; "
+           f"{rates['sources']['assumed']}.", "",
+           "| runs of | pending | priced | device hours | commands |", "|---|---:|---:|---:|---:|"]
+    for what, entries in parts:
+        w = windows(entries, rates)
+        priced = w["runs"] - sum(w["unpriced"].values())
+        out.append(f"| {what} | {w['runs']} | {priced} | {w['hours'][0]}-{w['hours'][1]} | "
+                   f"{w['windows'][0]}-{w['windows'][1]} |")
+    return out
