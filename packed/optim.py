@@ -111,9 +111,11 @@ class PackedSGD:
     @torch.no_grad()
     def step(self, frozen: torch.Tensor | None = None) -> None:
         """One update of every run; ``frozen`` (``[N]`` bool, or ``None`` when no run is frozen)
-        marks the runs whose parameters and momentum must not change."""
+        marks the runs whose parameters and momentum must not change. Without frozen runs it is
+        four fused kernels per stacked tensor (``addcmul``), whatever N is."""
         self.refresh()
         lr, mom, damp, wd = self.hyper
+        neg_lr, keep_g = -lr, 1 - damp   # [N] each: tiny kernels, once per step
         with_momentum = any(v[1] for v in self._values())
         first = not self.momentum
         for k, p in self.packed.params.items():
@@ -122,17 +124,20 @@ class PackedSGD:
                 continue
             b = (p.shape[0],) + (1,) * (p.dim() - 1)
             keep = None if frozen is None else frozen.view(b)
-            d = g + wd.view(b) * p
+            d = torch.addcmul(g, wd.view(b), p)                      # g + wd * p
             if with_momentum:
                 if first:
                     buf = self.momentum[k] = d.clone()
+                elif keep is None:
+                    buf = self.momentum[k].mul_(mom.view(b)).addcmul_(d, keep_g.view(b))
                 else:
                     buf = self.momentum[k]
-                    new = buf * mom.view(b) + d * (1 - damp.view(b))
-                    buf.copy_(new if keep is None else torch.where(keep, buf, new))
-                d = d + mom.view(b) * buf if self.nesterov else buf
-            delta = d * lr.view(b)
-            p.sub_(delta if keep is None else delta.masked_fill(keep, 0.0))
+                    buf.copy_(torch.where(keep, buf, torch.addcmul(buf * mom.view(b), d, keep_g.view(b))))
+                d = torch.addcmul(d, mom.view(b), buf) if self.nesterov else buf
+            if keep is None:
+                p.addcmul_(d, neg_lr.view(b))                        # p - lr * d
+            else:
+                p.copy_(torch.where(keep, p, torch.addcmul(p, d, neg_lr.view(b))))
         if first:
             self._share_state()
 

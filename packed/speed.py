@@ -77,22 +77,26 @@ def build_runs(make, shape, batch: int, n: int, device: torch.device = torch.dev
                make_objective: Callable[[], torch.nn.Module] = CrossEntropy,
                autocast: torch.dtype | None = None, num_classes: int = 2,
                make_optimizer: Callable[[list], torch.optim.Optimizer] | None = None,
-               sync_free: bool = False) -> Runs:
+               sync_free: bool = False, pack_form: Callable | None = None,
+               pack_update: bool | None = None) -> Runs:
     """Build ``n`` runs of ``make()`` (``make_objective()`` and ``make_optimizer(param_groups)``
     each; default SGD with ``optimizer=sgd``'s values) on ``[batch, *shape]`` inputs;
     ``autocast`` (e.g. ``torch.bfloat16``) wraps both steps in ``torch.autocast``;
-    ``sync_free``: the packed step's sync-free mode (:class:`PackedStep`), labels checked once."""
+    ``sync_free``: the packed step's sync-free mode (:class:`PackedStep`), labels checked once;
+    ``pack_form(objective)``: the form the packed runs train (e.g. :func:`packed.graph.capture_form`,
+    as the launcher does; the separate runs keep the configured one); ``pack_update``: as
+    :attr:`PackedStep.pack_update`."""
     make_optimizer = make_optimizer or (lambda groups: torch.optim.SGD(groups, **SGD))
     torch.manual_seed(0)
     models = [make().to(device) for _ in range(n)]
     alone = [copy.deepcopy(m) for m in models]
     own = [make_objective().to(device) for _ in range(n)]      # separate runs' objectives
-    shared = [make_objective().to(device) for _ in range(n)]   # packed runs' objectives
+    shared = [(pack_form or (lambda o: o))(make_objective().to(device)) for _ in range(n)]   # packed runs' objectives
     opts = [make_optimizer(param_groups(m, o)) for m, o in zip(alone, own)]
     packed = pack(models)
     stepper = PackedStep(packed, shared,
                          [make_optimizer(param_groups(m, o)) for m, o in zip(packed.models, shared)],
-                         [None] * n, sync_free=sync_free)
+                         [None] * n, sync_free=sync_free, pack_update=pack_update)
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(n, batch, *shape, generator=gen).to(device)
     y = torch.randint(0, num_classes, (n, batch), generator=gen).to(device)
@@ -108,6 +112,7 @@ def build_runs(make, shape, batch: int, n: int, device: torch.device = torch.dev
                 opts[i].zero_grad(set_to_none=True)
                 loss.backward()
                 opts[i].step()
+                own[i].on_step_end(step=0, model=alone[i], optimizer=opts[i], batch=(x[i], y[i]))
 
     def packed_step():
         with amp(), (labels_checked() if stepper.sync_free else contextlib.nullcontext()):

@@ -8,8 +8,14 @@ alternately (:func:`packed.speed.interleaved_ms`, median of ``--reps``), so the 
 ratio is measured side by side. It also records the step's peak memory for each (CUDA
 ``max_memory_allocated``; CPU peak-RSS delta, which is why each cell is its own process) and, on
 CUDA, tries to capture the sync-free packed step in a CUDA graph (the reason is recorded when it
-cannot). Each cell times three modes: packed (eager, one finiteness read per run and step), packed
-sync-free (:class:`packed.PackedStep`'s sync-free mode) and separate.
+cannot). Each cell times four modes: packed (eager, one finiteness read per run and step), packed
+sync-free (:class:`packed.PackedStep`'s sync-free mode), the same with one pack-wide SGD update
+instead of N per-run optimizers (:class:`packed.optim.PackedSGD`; "–" where the runs' optimizer is
+not plain SGD, e.g. PPD) and separate; on CUDA it captures the sync-free step both ways (pack-wide
+update first). Optimizers come from the composed config (``objective=ppd_sg`` brings
+``optimizer=ppd_sg``), and the packed runs train the objective form the launcher picks on that
+device (:func:`packed.graph.capture_form`: ``auc_lp`` dense and capture-safe on CUDA); the
+separate runs train the configured one, as ``train.py`` would.
 FLOPs per run-step are counted with ``torch.utils.flop_counter.FlopCounterMode`` on one forward +
 backward of one model (convolutions and matmuls; the optimizer and the LP solver are not counted).
 
@@ -45,7 +51,11 @@ from torch.utils.flop_counter import FlopCounterMode
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from hydra.utils import instantiate  # noqa: E402
+
 from builders import instantiate_runtime  # noqa: E402
+from packed.graph import capture_form  # noqa: E402
+from packed.optim import PackedSGD, unsupported  # noqa: E402
 from packed.speed import build_runs, graph_ms, interleaved_ms, peak_memory_mb  # noqa: E402
 
 DEFAULT_N = [1, 8, 24, 48, 96]
@@ -59,7 +69,8 @@ STEPS_PER_RUN = 40_000   # trainer.max_steps of every table (paper: 40k iteratio
 CELL_KEYS = ["px", "objective", "dtype", "n", "status", "reason", "packed_ms", "sync_free_ms", "separate_ms",
              "packed_ms_per_run", "separate_ms_per_run", "ratio", "tflops_packed",
              "tflops_separate", "graph_ms", "graph_status", "mem_packed_mb", "mem_separate_mb",
-             "mem_how", "wall_s"]
+             "mem_how", "wall_s", "objective_form", "sync_free_pack_ms", "graph_pack_ms",
+             "graph_pack_status"]
 
 
 def compose_cfg(overrides: list[str]):
@@ -68,12 +79,14 @@ def compose_cfg(overrides: list[str]):
 
 
 def makers(model: str, objective: str, px: int, batch: int, extra: list[str]):
-    """(make_model, make_objective, input shape) as ``train.py`` builds them from the configs."""
+    """(make_model, make_objective, input shape, make_optimizer) as ``train.py`` builds them
+    from the configs."""
     cfg = compose_cfg([f"model={model}", f"objective={objective}"] + extra)
     shape = [3, px, px]
     runtime = dict(num_classes=2, input_shape=shape, pos_ratio=0.5, class_counts=[batch // 2] * 2)
     return (lambda: instantiate_runtime(cfg.model, **runtime),
-            lambda: instantiate_runtime(cfg.objective, **runtime), shape)
+            lambda: instantiate_runtime(cfg.objective, **runtime), shape,
+            lambda groups: instantiate(cfg.optimizer, _partial_=True)(params=groups))
 
 
 def count_flops(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> int:
@@ -90,35 +103,55 @@ def run_cell(spec: dict, emit=None) -> dict:
     """Measure one (px, objective, dtype, N) cell in this process; returns a row of CELL_KEYS.
     ``emit(row)`` receives the row once before the CUDA-graph attempt, which can kill the process."""
     device = torch.device(spec["device"])
-    make_model, make_objective, shape = makers(spec["model"], spec["objective"], spec["px"],
-                                               spec["batch"], spec["set"])
+    make_model, make_objective, shape, make_optimizer = makers(spec["model"], spec["objective"], spec["px"],
+                                                               spec["batch"], spec["set"])
     runs = build_runs(make_model, shape, spec["batch"], spec["n"], device, make_objective,
-                      autocast=torch.bfloat16 if spec["dtype"] == "bf16" else None)
-    def sync_free():   # the same pack, stepped in PackedStep's sync-free mode
-        runs.stepper.sync_free = True
-        try:
-            return runs.packed()
-        finally:
-            runs.stepper.sync_free = False
+                      autocast=torch.bfloat16 if spec["dtype"] == "bf16" else None,
+                      make_optimizer=make_optimizer, pack_form=lambda o: capture_form(o, device),
+                      pack_update=False)
+    st = runs.stepper
+    probe = make_objective()
+    form = "as configured" if capture_form(probe, device) is probe else "capture-safe"
+    pack_sgd = None if unsupported(st.packed, st.optimizers) else PackedSGD(st.packed, st.optimizers)
 
+    def mode(sync_free: bool, update):   # the same pack, stepped one way or the other
+        def step():
+            st.sync_free, st.update = sync_free, update
+            try:
+                return runs.packed()
+            finally:
+                st.sync_free, st.update = False, None
+        return step
+
+    sync_free, sync_free_pack = mode(True, None), mode(True, pack_sgd)
     t0 = time.perf_counter()
     mem_p, how = peak_memory_mb(runs.packed, device)     # doubles as each mode's warm-up step
     mem_s, _ = peak_memory_mb(runs.separate, device)
     sync_free()
-    ms = interleaved_ms({"packed": runs.packed, "sync_free": sync_free, "separate": runs.separate},
-                        spec["reps"], device, warmup=0)
+    fns = {"packed": runs.packed, "sync_free": sync_free, "separate": runs.separate}
+    if pack_sgd is not None:
+        sync_free_pack()
+        fns["sync_free_pack"] = sync_free_pack
+    ms = interleaved_ms(fns, spec["reps"], device, warmup=0)
     n, flops = spec["n"], spec["flops"]
     row = dict(px=spec["px"], objective=spec["objective"], dtype=spec["dtype"], n=n, status="ok",
-                reason="", packed_ms=ms["packed"], sync_free_ms=ms["sync_free"],
-                separate_ms=ms["separate"],
-                packed_ms_per_run=ms["packed"] / n, separate_ms_per_run=ms["separate"] / n,
-                ratio=ms["packed"] / ms["separate"],
-                tflops_packed=n * flops / ms["packed"] / 1e9,
-                tflops_separate=n * flops / ms["separate"] / 1e9,
-                graph_ms=None, graph_status="not attempted", mem_packed_mb=mem_p,
-                mem_separate_mb=mem_s, mem_how=how, wall_s=time.perf_counter() - t0)
+               reason="", packed_ms=ms["packed"], sync_free_ms=ms["sync_free"],
+               separate_ms=ms["separate"],
+               packed_ms_per_run=ms["packed"] / n, separate_ms_per_run=ms["separate"] / n,
+               ratio=ms["packed"] / ms["separate"],
+               tflops_packed=n * flops / ms["packed"] / 1e9,
+               tflops_separate=n * flops / ms["separate"] / 1e9,
+               graph_ms=None, graph_status="not attempted", mem_packed_mb=mem_p,
+               mem_separate_mb=mem_s, mem_how=how, wall_s=time.perf_counter() - t0,
+               objective_form=form,
+               sync_free_pack_ms=ms.get("sync_free_pack"), graph_pack_ms=None,
+               graph_pack_status="n/a (optimizer not plain SGD)" if pack_sgd is None else "not attempted")
     if emit:
         emit(row)
+    if pack_sgd is not None:   # the new path first: a failed capture can end the process
+        row["graph_pack_ms"], row["graph_pack_status"] = graph_ms(sync_free_pack, spec["reps"], device)
+        if emit:
+            emit(row)
     row["graph_ms"], row["graph_status"] = graph_ms(sync_free, spec["reps"], device)  # last
     row["wall_s"] = time.perf_counter() - t0
     return row
@@ -139,9 +172,10 @@ def run_cell_subprocess(spec: dict, timeout: float) -> dict:
         return skipped(spec, f"stopped at the time budget ({timeout:.0f} s left)")
     rows = [line for line in out.stdout.splitlines() if line.startswith("{")]
     tail = (out.stderr.strip().splitlines() or ["no output"])[-1][:200]
-    if rows and out.returncode != 0:   # eager numbers came out; the graph attempt did not
-        return dict(json.loads(rows[-1]), graph_status=f"process died in graph capture "
-                    f"(rc {out.returncode}): {tail}")
+    if rows and out.returncode != 0:   # eager numbers came out; a graph attempt did not
+        row = json.loads(rows[-1])
+        key = "graph_pack_status" if row.get("graph_pack_status") == "not attempted" else "graph_status"
+        return dict(row, **{key: f"process died in graph capture (rc {out.returncode}): {tail}"})
     if out.returncode != 0 or not rows:
         oom = out.returncode in (-9, 137) or "out of memory" in out.stderr.lower()
         return skipped(spec, ("out of memory: " if oom else f"failed (rc {out.returncode}): ") + tail)
@@ -199,7 +233,8 @@ def project(rows: list[dict], flops_of: dict[int, int]) -> list[dict]:
     modes = [("separate fp32", "fp32", "separate_ms"), ("packed fp32", "fp32", "packed_ms"),
              ("packed bf16", "bf16", "packed_ms"), ("sync-free fp32", "fp32", "sync_free_ms"),
              ("sync-free bf16", "bf16", "sync_free_ms"), ("graph fp32", "fp32", "graph_ms"),
-             ("graph bf16", "bf16", "graph_ms")]
+             ("graph bf16", "bf16", "graph_ms"), ("graph+pack-SGD fp32", "fp32", "graph_pack_ms"),
+             ("graph+pack-SGD bf16", "bf16", "graph_pack_ms")]
     out = []
     for name in TABLES:
         counts = table_runs(name)
@@ -256,10 +291,10 @@ def markdown(report: dict) -> str:
              "Machine: " + ", ".join(f"{k} {v}" for k, v in report["machine"].items()), "",
              "FLOPs per run-step (forward + backward, FlopCounterMode): " + ", ".join(
                  f"{px} px {f / 1e9:.2f} GFLOP" for px, f in report["flops"].items()), "",
-             "| px | objective | dtype | N | packed ms/step | sync-free ms/step | separate ms/step | "
-             "packed ms/run | packed/separate | TFLOP/s packed | TFLOP/s separate | graph ms/step | "
-             "peak MB packed | peak MB separate | note |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| px | objective | dtype | N | packed ms/step | sync-free ms/step | sync-free + pack SGD | "
+             "separate ms/step | packed ms/run | packed/separate | TFLOP/s packed | TFLOP/s separate | "
+             "graph ms/step | graph + pack SGD | TFLOP/s best graph | peak MB packed | peak MB separate | note |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     skips: dict[tuple[int, str], list[dict]] = {}
     for r in report["cells"]:
         if r["status"] != "ok" and r["packed_ms"] is None:
@@ -269,10 +304,15 @@ def markdown(report: dict) -> str:
             and not r["graph_status"].startswith("n/a") else ""
         graph = (_f(r["graph_ms"]) if r["graph_ms"] is not None or r["status"] != "ok" else
                  "n/a (CPU)" if r["graph_status"].startswith("n/a") else "failed (note)")
+        graphs = [v for v in (r["graph_ms"], r.get("graph_pack_ms")) if v is not None]
+        best = report["flops"][str(r["px"])] * r["n"] / min(graphs) / 1e9 if graphs else None
+        if r.get("objective_form") == "capture-safe":
+            note = (note + "; " if note else "") + "packed runs: capture-safe form"
         lines.append(f"| {r['px']} | {r['objective']} | {r['dtype']} | {r['n']} | {_f(r['packed_ms'])} | "
-                     f"{_f(r.get('sync_free_ms'))} | {_f(r['separate_ms'])} | {_f(r['packed_ms_per_run'])} | {_f(r['ratio'], '{:.2f}')} | "
+                     f"{_f(r.get('sync_free_ms'))} | {_f(r.get('sync_free_pack_ms'))} | {_f(r['separate_ms'])} | "
+                     f"{_f(r['packed_ms_per_run'])} | {_f(r['ratio'], '{:.2f}')} | "
                      f"{_f(r['tflops_packed'], '{:.4f}')} | {_f(r['tflops_separate'], '{:.4f}')} | "
-                     f"{graph} | {_f(r['mem_packed_mb'], '{:.0f}')} | "
+                     f"{graph} | {_f(r.get('graph_pack_ms'))} | {_f(best, '{:.2f}')} | {_f(r['mem_packed_mb'], '{:.0f}')} | "
                      f"{_f(r['mem_separate_mb'], '{:.0f}')} | {note} |")
     for (n, reason), rs in skips.items():
         what = " x ".join(", ".join(str(v) for v in sorted({r[k] for r in rs}, key=str)) + unit
@@ -300,7 +340,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--n", type=int, nargs="+", default=None, help=f"pack sizes (default {DEFAULT_N})")
     ap.add_argument("--px", type=int, nargs="+", default=[32, 50], help="image sides (96 = STL-10)")
-    ap.add_argument("--objectives", nargs="+", default=["ce", "auc_lp"])
+    ap.add_argument("--objectives", nargs="+", default=["ce", "auc_lp"],
+                    help="configs/objective names, e.g. ce auc_lp ppd_sg ppd_adagrad (each with its own optimizer)")
     ap.add_argument("--dtypes", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--reps", type=int, default=3, help="timed steps per mode (median)")

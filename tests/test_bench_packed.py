@@ -54,12 +54,15 @@ def test_tiny_sweep_writes_the_report_schema(bench, tmp_path):
     out = tmp_path / "bench"
     report = bench.main(["--model", "mlp", "--set", "model.hidden=[8]", "--px", "8", "--n", "1", "2",
                          "--dtypes", "fp32", "--batch", "8", "--reps", "1", "--inline",
-                         "--out", str(out)])
+                         "--objectives", "ce", "auc_lp", "ppd_sg", "--out", str(out)])
     saved = json.loads((out / "bench.json").read_text())
     assert saved["schema"] == "bench_packed/1" and saved["machine"]["torch"] == torch.__version__
-    assert len(saved["cells"]) == 4   # 2 N x 2 objectives
+    assert len(saved["cells"]) == 6   # 2 N x 3 objectives
     for row in saved["cells"]:
         assert set(row) == set(bench.CELL_KEYS) and row["status"] == "ok"
+        # the pack-wide SGD update is timed beside the per-run optimizers; PPD has its own optimizer
+        assert (row["sync_free_pack_ms"] is None) == (row["objective"] == "ppd_sg")
+        assert row["objective_form"] == "as configured"   # capture-safe forms only on CUDA
         assert row["ratio"] == pytest.approx(row["packed_ms"] / row["separate_ms"])
         flops = int(saved["flops"]["8"])
         assert row["tflops_packed"] == pytest.approx(row["n"] * flops / row["packed_ms"] / 1e9)
