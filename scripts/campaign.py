@@ -145,6 +145,15 @@ def probe(entries: list[dict], extra: list[str], args) -> tuple[dict, object]:
     return speed, device
 
 
+def read_speed(path: Path) -> dict:
+    """A probe's speed JSON, or a rates file (``rates.json``: its low end, the CUDA-graph rates)."""
+    data = json.loads(path.read_text())
+    if "ms_per_run_step" not in data:
+        return data
+    return {**{f"step_ms_per_run_{k}": v[0] for k, v in data["ms_per_run_step"].items()},
+            "eval_ms": 1000 * data["eval_s"], "from": str(path)}
+
+
 def plan_for(args, start: float) -> tuple[dict, dict, list[dict], list[str]]:
     """(queue, plan, kept entries, extra overrides): probe, choose, verify."""
     folder = Path(args.dir)
@@ -158,7 +167,7 @@ def plan_for(args, start: float) -> tuple[dict, dict, list[dict], list[str]]:
         return queue, {"kept": [], "skipped": [{"key": k, "why": w} for k, w in broken],
                        "note": "nothing pending that composes"}, [], extra
     if args.speed:
-        speed = json.loads(Path(args.speed).read_text())
+        speed = read_speed(Path(args.speed))
     else:
         speed, _ = probe(todo, extra, args)
     budget = args.budget_s - (time.monotonic() - start)
@@ -168,9 +177,15 @@ def plan_for(args, start: float) -> tuple[dict, dict, list[dict], list[str]]:
     plan.update(queue_version=queue["version"], dataset=todo[0]["where"]["dataset.name"], speed=speed,
                 extra_overrides=extra, pending=len(pending(queue, ledger)))
     kept = [e for e in todo if e["key"] in plan["kept"]]
-    for s in plan["skipped"]:
-        if not any(k == s["key"] for k, _ in broken):
+    unpriced: dict[str, int] = {}
+    for s in plan["skipped"][len(broken):]:
+        if s["why"].endswith("was not probed"):   # one line per objective (plan.json lists each key)
+            unpriced[s["why"]] = unpriced.get(s["why"], 0) + 1
+        else:
             print(f"plan: skipped {s['key']}: {s['why']}", flush=True)
+    for why, n in unpriced.items():
+        print(f"plan: skipped {n} run(s): {why} (not among the first --probe-window candidates, "
+              "or its probe failed)", flush=True)
     print(f"plan: {len(kept)} run(s) of {plan['dataset']} ({', '.join(plan['kept']) or 'none'}), projected "
           f"{plan['projected_s']} s of {plan['available_s']} s; {plan['pending']} pending in the queue"
           + (f"; {plan['note']}" if plan.get("note") else ""), flush=True)
@@ -224,7 +239,8 @@ def main(argv: list[str] | None = None) -> int:
         r.add_argument("--eval-every", type=int, default=EVAL_EVERY)
         r.add_argument("--device", default="auto")
         r.add_argument("--dataset", help="plan this dataset's entries (default: the first pending entry's)")
-        r.add_argument("--speed", help="a speed JSON (gpu_tables.measure's keys) instead of a probe")
+        r.add_argument("--speed", help="instead of a probe: a speed JSON (gpu_tables.measure's keys) or a "
+                       "rates file (results/paper_tables/rates.json: its low end)")
         r.add_argument("--probe-n", type=int, default=12, help="pack size of the speed probe")
         r.add_argument("--probe-reps", type=int, default=3)
         r.add_argument("--probe-window", type=int, default=48,

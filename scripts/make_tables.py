@@ -4,6 +4,7 @@
     python scripts/make_tables.py outputs --table multiclass --lr-rule global --out results/tables/table2.md
     python scripts/make_tables.py outputs --table f1 --format csv > f1.csv
     python scripts/make_tables.py outputs --table eps --format latex
+    python scripts/make_tables.py results/paper_tables --table binary --select best-val   # + "pending" cells
 
 Tables: binary (test_auc, seed 002 Table 1), multiclass / multiclass_mu (test_auc_ova /
 test_auc_mu, Table 2), f1 / accuracy (test_f1 / test_acc, seed 002 §5, seed 001 Table 4):
@@ -32,7 +33,13 @@ Rules
    and tunes every method alike, while global compares lrs fairly only when every lr ran in the
    same cells (use it on a full sweep for the paper's one-lr protocol). The caption (one lr) or
    each cell names the lr used.
-4. Everything found but not placed (no results.json, another task, metric missing, lr not
+4. ``--select`` (default final): which evaluation of each run is reported; best-val = the test
+   metric at the run's best-validation evaluation, best-test = its highest test metric (selection
+   on test, optimistic: the caption says so). A campaign ``queue.json`` (``--queue``, or found
+   directly inside a folder given) adds its cells with no run as "pending" and counts, per cell,
+   the queued runs still missing. Under the table: the code versions of its runs (results.json
+   ``provenance``; "unrecorded" before it existed); a dagger marks a cell whose runs span versions.
+5. Everything found but not placed (no results.json, another task, metric missing, lr not
    selected) is listed on stderr; if nothing can be placed the script exits with status 1.
 """
 from __future__ import annotations

@@ -203,3 +203,24 @@ def test_make_tables_renders_pending_cells_from_the_queue(queue_dir, returned, t
     out = capsys.readouterr().out
     assert "(selection on test, optimistic)" in out and "pending" not in out.split("\n\n")[1]
     assert "| ce | " in out and "(n=1)" in out and "code versions: " in out
+
+
+def test_windows_prices_pending_runs_at_the_committed_rates():
+    import campaign_status
+    rates = {"budget_s": 100, "margin": 0.5, "eval_every": 1000, "eval_s": 1.0, "ms_per_run_step": {"ce": [2.0, 3.0]}}
+    entries = [{"objective": "ce", "steps": 40000}] * 3 + [{"objective": "f1_cvxpy", "steps": 40000}]
+    # a ce run: 80 s of steps + 40 evaluations (low), 120 s + 40 (high); 3 runs 360 / 480 s; 50 s per command
+    assert campaign_status.windows(entries, rates) == {"runs": 4, "hours": [0.1, 0.1], "windows": [8, 10],
+                                                       "unpriced": {"f1_cvxpy": 1}}
+
+
+def test_the_committed_queue_starts_with_the_cifar10_91_percent_cell_and_is_consistent():
+    queue = json.loads((ROOT / "results" / "paper_tables" / "queue.json").read_text())
+    entries = queue["entries"]
+    assert queue["version"] == campaign_queue.version(entries) and len({e["key"] for e in entries}) == len(entries)
+    first = entries[:36]
+    assert {e["where"]["dataset.name"] for e in first} == {"cifar10"} and {e["where"]["dataset.neg_keep"] for e in first} == {0.1}
+    assert {e["objective"] for e in first} == {"ce", "auc_lp", "ppd_sg", "ppd_adagrad"}
+    assert [e["overrides"][2] for e in first[::12]] == ["seed=0", "seed=1", "seed=2"]   # whole seeds in order
+    assert entries[36]["key"] == "catdog_nk0.1_ce_lr0.1_s0" and all(e["steps"] == 40000 for e in entries)
+    assert all(e.get("config_sha") for e in entries)

@@ -253,3 +253,33 @@ def test_a_key_added_later_counts_as_its_old_behaviour_not_as_null(tmp_path, cap
     assert "| auc_lp (trainer.eval_bn=eval) | 71.0 ± 1.4 (n=2) [paper 72.5] |" in lines
     assert "| auc_lp (trainer.eval_bn=train) | 61.0 ± 1.4 (n=2) [paper 72.5] |" in lines
     assert "placed 4 of 4 usable runs in 2 cells" in err
+
+
+def _with(run: Path, **keys) -> Path:
+    res = json.loads((run / "results.json").read_text())
+    res.update(keys)
+    (run / "results.json").write_text(json.dumps(res))
+    return run
+
+
+def test_select_reads_the_final_the_best_val_or_the_best_test_evaluation(tmp_path, capsys):
+    run = fake_run(tmp_path / "lp", test=0.70, val=0.85)
+    (run / "metrics.csv").write_text("step,val_auc,test_auc\n100,0.80,0.78\n150,0.90,0.65\n200,0.85,0.70\n")
+    lines, _ = table(capsys, tmp_path)
+    assert lines[-1] == "| auc_lp | 70.0 (n=1) [paper 72.5] |" and lines[0].startswith("Test auc in % at the final")
+    lines, _ = table(capsys, tmp_path, "--select", "best-val")
+    assert lines[-1] == "| auc_lp | 65.0 (n=1) [paper 72.5] |"
+    assert lines[0].startswith("Test auc in % at each run's evaluation with the best val_auc")
+    lines, _ = table(capsys, tmp_path, "--select", "best-test")
+    assert lines[-1] == "| auc_lp | 78.0 (n=1) [paper 72.5] |" and "(selection on test, optimistic)" in lines[0]
+
+
+def test_code_versions_are_listed_and_a_cell_of_two_commits_gets_a_dagger(tmp_path, capsys):
+    _with(fake_run(tmp_path / "a", seed=0, test=0.70), provenance={"git_commit": "a" * 40, "git_dirty": False})
+    _with(fake_run(tmp_path / "b", seed=1, test=0.72), provenance={"git_commit": "b" * 40, "git_dirty": True})
+    fake_run(tmp_path / "ce", objective="ce", test=0.6)   # from before provenance
+    make_tables.main([str(tmp_path)])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1] == "code versions: aaaaaaa(1 run), bbbbbbb+dirty(1 run), unrecorded(1 run)."
+    assert "| auc_lp | 71.0 ± 1.4 (n=2) † [paper 72.5] |" in lines and "| ce | 60.0 (n=1) [paper 65.2] |" in lines
+    assert "†: the cell's runs come from more than one code version." in lines
