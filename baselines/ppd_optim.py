@@ -201,7 +201,10 @@ class PPDAdaGrad(_StagewiseProximalPrimalDual):
         super().__init__(params, lr, gamma, T0, weight_decay, average, delta=delta)
 
     def _new_stage_state(self, state: dict) -> None:
-        state["sq_sum"] = torch.zeros_like(state["ref"])
+        if "sq_sum" in state:   # in place: a captured CUDA graph keeps reading this tensor
+            state["sq_sum"].zero_()
+        else:
+            state["sq_sum"] = torch.zeros_like(state["ref"])
 
     def _update(self, p, g, state, group):
         state["sq_sum"].addcmul_(g, g)

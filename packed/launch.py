@@ -45,10 +45,15 @@ run's train labels are range-checked once when its pack starts, not per batch
 only a diverged run's weights after its divergence step differ (see :mod:`packed.step`).
 
 CUDA graphs. ``cuda_graph=True`` (``hydra.launcher.cuda_graph=true``) replays each pack whose
-runs can all be captured (``ce``, ``objective=auc_lp_capture``; SGD) from a CUDA graph
-(:class:`packed.graph.GraphedStep`); other packs step eagerly and the log says why. Off by
-default until a GPU run has measured it in the launcher (the captured step itself was checked on
-an H100: ``results/packed_bench/gpu_h100/``).
+runs can all be captured (``ce``, ``auc_lp``, ``ppd_sg``, ``ppd_adagrad``: :func:`packed.graph.capturable`)
+from a CUDA graph (:class:`packed.graph.GraphedStep`); other packs step eagerly and the log says
+why. Off by default until a GPU run has measured it in the launcher (the captured ``ce`` step
+itself was checked on an H100: ``results/packed_bench/gpu_h100/``).
+
+On CUDA, whether captured or not, a pack trains ``auc_lp`` in its dense, capture-safe form (same
+loss and gradient, no host sync: :func:`packed.graph.capture_form`) and steps plain-SGD runs with
+one pack-wide update (:class:`packed.optim.PackedSGD`); ``results.json``'s ``"packed"`` record
+says which (``capture_safe_objective``, ``pack_update``).
 
 Limits: ``resume=true`` is refused (resume a packed run's folder with ``train.py resume=true``:
 its ``last.pt`` holds the run's own RNG state); all runs of a pack stop at the same
