@@ -98,6 +98,10 @@ class SolverOptions:
     # certifies (no Newton step runs), to separable LPs, or with backward="unrolled" (whose
     # Jacobian is the penalty iterate's, which the scaling changes)
     equilibrate: int = 10
+    # simple presolve before Newton (solver/presolve.py): empty rows and columns, singleton
+    # equality rows (fixed variables); exact substitutions, mapped back with the duals and the
+    # backward.  Same scope as equilibrate, and off with a warm_start (its z has the full n)
+    presolve: bool = True
     # capture-safe path (solver/capture.py) for separable LPs (A a DiagonalOperator, no
     # equalities: the AUC-family LPs): fixed shapes, fixed_iters Newton steps in each of
     # fixed_eps_stages eps stages, finished LPs masked (never changed again), no host sync in
@@ -160,6 +164,7 @@ class SolverOptions:
                f"bound)")
         yield count("stall_steps", 2)
         yield count("equilibrate", 0)
+        yield isinstance(self.presolve, bool), f"presolve={self.presolve!r} must be True or False"
         yield (self.linear_solver in ("auto",) + LINEAR_SOLVERS,   # linsolve owns the list
                f"linear_solver={self.linear_solver!r} must be auto, " + ", ".join(LINEAR_SOLVERS))
         for name in ("eps", "tol", "cg_tol"):

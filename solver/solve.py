@@ -33,6 +33,7 @@ from solver.newton import newton_penalty
 from solver.options import SolverOptions
 from solver.problem import build_problem
 from solver.recover import Recovery, recover, recover_guess
+from solver.presolve import presolve, restore, restore_masks
 from solver.scaling import ruiz_factors, scale_problem
 from solver.sketch import make_sketch
 from solver.solution import LPSolution
@@ -393,9 +394,13 @@ def _newton_forward(prob, opts, method, backward, route, t0, deadline):
             return prob, None, run, "newton"
     # unrolled: its Jacobian is that of the penalty iterate, which scaling changes by O(eps)
     # (cosine 0.9976 against the active-set one on test_solver_grad's seed 5, 0.999+ unscaled)
-    sc = ruiz_factors(prob, opts.equilibrate) \
-        if method != "diagonal" and backward != "unrolled" else None
-    work = prob if sc is None else scale_problem(prob, sc)
+    # presolve and scaling: exact substitutions with constant factors, so the active-set
+    # backward of the reduced, scaled LP is that of the LP as given (not for unrolled)
+    general = method != "diagonal" and backward != "unrolled"
+    red_prob, red = presolve(prob) if general and opts.presolve and opts.warm_start is None \
+        else (prob, None)
+    sc = ruiz_factors(red_prob, opts.equilibrate) if general else None
+    work = red_prob if sc is None else scale_problem(red_prob, sc)
     z0, eps0 = _initial_point(work, opts, None if sc is None else sc.s)
     unrolled = backward == "unrolled" and torch.is_grad_enabled()
     handoff = route == "auto"
@@ -406,12 +411,14 @@ def _newton_forward(prob, opts, method, backward, route, t0, deadline):
         run = run_eps_loop(work, z0, eps0, opts, method,
                            opts.unrolled_eps_steps if backward == "unrolled" else 0,
                            deadline=newton_deadline, handoff=handoff)
+    run["reduction"] = red
     if not handoff or bool(run["done"].all()):
         return work, sc, run, "newton"
     # stalled, not converged, out of Newton's time, or diverged (HiGHS then names the LP
     # infeasible or unbounded): HiGHS solves those, the rest keep Newton's vertices
     only = (~run["done"]).nonzero().flatten().tolist()
-    run = highs_forward(work, opts, method, deadline, only=only, start=run)
+    run = {**highs_forward(work, opts, method, deadline, only=only, start=run),
+           "reduction": red}
     return work, sc, run, "highs" if len(only) == prob.B else "newton+highs"
 
 
@@ -432,27 +439,45 @@ def _raise_or_warn(work, opts, method, run, t0, deadline):
 
 def _solution(prob, work, sc, run, method, backward, out_dtype, forward, t0):
     """The :class:`LPSolution`: the forward's vertex with its backward attached, mapped back
-    from the equilibrated LP ``work`` where there was one (:mod:`solver.scaling`)."""
-    rec = run["rec"]
+    from the equilibrated (:mod:`solver.scaling`) and presolved (:mod:`solver.presolve`) LP
+    ``work`` where there was one."""
+    rec, red = run["rec"], run.get("reduction")
     if backward == "unrolled":
         z = unrolled_output(rec.z, run["zp"])
-    else:
+    elif red is None:
         z = active_set_output(work, rec.z, rec.system)
+    else:                   # presolved: the backward is attached below, on the LP as given
+        z = rec.z
     uA, uz, uE, zp = rec.uA, rec.uz, rec.uE, run["zp"].detach()
     if sc is not None:      # z = D_s z_hat, u_A = D_r u_A_hat, u_z = u_z_hat / D_s, ...
         z, zp, uA, uz = z * sc.s, zp * sc.s, uA * sc.r, uz / sc.s
         uE = None if uE is None else uE * sc.re
+    active, active_bounds = rec.wA > 0, rec.wz > 0
+    if red is not None:     # presolved: removed rows and variables back in
+        z, uA, uz, uE = restore(prob, red, z.detach(), uA, uz, uE)
+        zp = red.fixed.detach().to(zp.dtype).index_copy(1, red.cols.nonzero().flatten(), zp)
+        active, active_bounds = restore_masks(prob, red, active, active_bounds, z)
+        # the backward on the LP as given, with its full active set: the reduced LP has no
+        # entries for the zeros of a removed row or column, whose derivatives are not zero
+        # (a zero of a singleton row still moves the vertex when it becomes nonzero)
+        system = NewtonSystem(prob, active.to(prob.dtype), active_bounds.to(prob.dtype),
+                              torch.zeros_like(prob.c_scale), method, pinv=True,
+                              cg_tol=rec.system.cg_tol, cg_max_iter=rec.system.cg_max_iter)
+        z = active_set_output(prob, z.to(prob.dtype), system)
     z_out = prob.unflatten(z, (prob.n,)).to(out_dtype)
     value = (prob.unflatten(prob.c, (prob.n,)).to(out_dtype) * z_out).sum(-1)
     stats, per = _stats(work, run, method, time.perf_counter() - t0, forward)
     stats["equilibrated"] = sc is not None
+    stats["presolve"] = None if red is None else {
+        "rows_removed": int((~red.rows).sum()) + int((~red.eq_rows).sum()),
+        "cols_removed": int((~red.cols).sum())}
     return LPSolution(
         z=z_out, value=value,
         dual=prob.unflatten(uA, (prob.m,)).to(out_dtype),
-        active=prob.unflatten(rec.wA > 0, (prob.m,)),
+        active=prob.unflatten(active, (prob.m,)),
         stats=stats, instance_stats=per,
         dual_eq=None if uE is None else prob.unflatten(uE, (prob.p,)).to(out_dtype),
         dual_bounds=prob.unflatten(uz, (prob.n,)).to(out_dtype),
-        active_bounds=prob.unflatten(rec.wz > 0, (prob.n,)),
+        active_bounds=prob.unflatten(active_bounds, (prob.n,)),
         eps=None if forward != "newton" else prob.unflatten(run["eps"].detach()),
         penalty_z=prob.unflatten(zp, (prob.n,)))
