@@ -167,7 +167,7 @@ def resume_from(cfg: DictConfig, run_dir: Path, resolved: dict, device) -> tuple
                       "from step " f"{ckpt['step']} on differ from an uninterrupted old run's",
                       StreamChangeWarning, stacklevel=2)
     launch = {"start_step": ckpt["step"], "resume": cfg.resume, "checkpoint": path.name,
-              "batch_stream": STREAM_VERSION,
+              "batch_stream": STREAM_VERSION, "git_commit": provenance.code_version()[0],
               # results.json stays portable: the note without the run folder's absolute path
               "fallback": note.replace(f"{run_dir}{os.sep}", "") or None,
               "forced_differences": diffs or None}
@@ -291,7 +291,8 @@ def prepare_run(cfg: DictConfig, run_dir: Path, device: torch.device) -> tuple[R
     run_dir.mkdir(parents=True, exist_ok=True)
     runfolder.remove_stray_temporaries(run_dir)   # left by a writer that was killed
     ckpt, launch = resume_from(cfg, run_dir, resolved, device) if cfg.resume else \
-        (None, {"start_step": 0, "resume": cfg.resume, "batch_stream": STREAM_VERSION})
+        (None, {"start_step": 0, "resume": cfg.resume, "batch_stream": STREAM_VERSION,
+                "git_commit": provenance.code_version()[0]})   # a resume may run other code
     seed_everything(cfg.seed)
     bundle = build_data(cfg.dataset, seed=cfg.seed)
     validate(cfg, bundle)

@@ -84,7 +84,7 @@ def test_paper_defaults(compose_cfg):
     assert cfg.trainer.batch_size == 64 and cfg.trainer.max_steps == 40000
     assert cfg.optimizer.lr == 0.1 and cfg.optimizer.momentum == 0.9
     assert list(cfg.scheduler.milestones) == [2000, 10000, 25000]
-    assert abs(cfg.scheduler.gamma - 1 / 3) < 1e-12
+    assert abs(cfg.scheduler.gamma - 1 / 3) < 1e-12 and cfg.scheduler.stages is None
 
 
 # --- the paper's tables as multiruns (configs/experiment/table*.yaml) ---------------------------

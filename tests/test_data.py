@@ -100,6 +100,9 @@ def test_misused_knobs_raise():
         build_splits(CIFAR_LIKE, CIFAR_LIKE_TEST, task="multiclass", neg_keep=0.1, val_size=5000)
     with pytest.raises(ValueError, match=r"\(0, 1\]"):
         build_splits(CIFAR_LIKE, CIFAR_LIKE_TEST, neg_keep=0.0, val_size=5000)
+    # a config error wherever the data are built (train.py, eval.py, scripts): typed, key named
+    with pytest.raises(SplitError, match=r"dataset.neg_keep=2.0 must be in \(0, 1\]: .* use dataset.neg_keep=0.1"):
+        build_splits(CIFAR_LIKE, CIFAR_LIKE_TEST, neg_keep=2.0, val_size=5000)
 
 
 def test_digits_always_works_offline():

@@ -67,6 +67,17 @@ REFUSED_BEFORE_DATA = [
     (["objective._target_=objectives.common.zero_loss"],
      r"objective._target_='objectives.common.zero_loss' is not an importable class .*non-class"),
     (["trainer.max_steps=0", "trainer.eval_every=0"], r"invalid config \(2 problems\):\n  - trainer.max_steps=0"),
+    (["seed=abc"], r"seed='abc' must be an integer \(it seeds .*\), e.g. seed=0"),
+    (["seed=1.5"], r"seed=1.5 must be an integer"),
+    (["dataset.neg_keep=2"], r"dataset.neg_keep=2.0 must be in \(0, 1\]: .* use dataset.neg_keep=0.1, 0.2, 0.4 or 1.0"),
+    (["dataset.neg_keep=many"], r"dataset.neg_keep='many' must be a number, e.g. dataset.neg_keep=0.1"),
+    (["dataset.drop_rate=0.9"], r"dataset.drop_rate=0.9: drop_rate is the multiclass knob; for task=binary set "
+                                r"dataset.drop_rate=0 and use dataset.neg_keep"),
+    (["dataset.split=holdout"], r"dataset.split='holdout' must be one of paper, authors"),
+    (["dataset.normalize=tf"], r"dataset.normalize='tf' must be one of per_channel, per_image"),
+    (["scheduler.stages={first:2000,growth:3}"],
+     r"scheduler.milestones=\[2000, 10000, 25000\] and scheduler.stages are both set; .* set scheduler.milestones=\[\]"),
+    (["scheduler.stages={first:-5}", "scheduler.milestones=[]"], r"scheduler.stages.first=-5 must be an integer >= 1"),
 ]
 
 
@@ -336,7 +347,8 @@ def _same(a, b) -> bool:
 def assert_same_run(ref: Path, run: Path) -> None:
     """Bit-identical: metrics.csv bytes, results.json (less timings and launches), checkpoints."""
     assert (ref / "metrics.csv").read_bytes() == (run / "metrics.csv").read_bytes()
-    skip = ("timing_ms_median", "launches", "resume_forced", "choices")
+    skip = ("timing_ms_median", "launches", "resume_forced", "choices",
+            "provenance")   # the last launch's code version: other sessions may commit meanwhile
     ra, rb = (json.loads((d / "results.json").read_text()) for d in (ref, run))
     for r in (ra, rb):
         r["config"].pop("resume")   # false in an uninterrupted run, true in a resumed one
@@ -420,10 +432,16 @@ def test_kills_during_writes_and_steps_resume_bit_identical(reference, tmp_path)
     assert launches[0]["start_step"] == 0 and all(la["resume"] is True for la in launches[1:])
 
 
-def test_user_errors_reach_the_shell_without_a_traceback(tmp_path):
-    proc = launch(tmp_path / "run", ["trainer.max_steps=0", "device=cpu"])
+@pytest.mark.parametrize("override, message", [
+    ("trainer.max_steps=0", "ConfigError: invalid config: trainer.max_steps=0 must be an integer >= 1"),
+    # issue 18: a raw TypeError from np.random.seed, and a clear message under a traceback
+    ("seed=abc", "ConfigError: invalid config: seed='abc' must be an integer"),
+    ("dataset.neg_keep=2", "ConfigError: invalid config: dataset.neg_keep=2.0 must be in (0, 1]"),
+])
+def test_user_errors_reach_the_shell_without_a_traceback(tmp_path, override, message):
+    proc = launch(tmp_path / "run", [override, "device=cpu"])
     assert proc.returncode == 1
-    assert "ConfigError: invalid config: trainer.max_steps=0 must be an integer >= 1" in proc.stderr
+    assert message in proc.stderr
     assert "Traceback" not in proc.stderr and not (tmp_path / "run" / "last.pt").exists()
 
 
