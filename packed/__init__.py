@@ -1,6 +1,9 @@
-"""Many runs as one packed model (issue 9): exact packing (:mod:`packed.model`) and the packed
-training step (:mod:`packed.step`)."""
+"""Many runs as one packed model (issue 9): exact packing (:mod:`packed.model`), the packed
+training step (:mod:`packed.step`), its pack-wide SGD update (:mod:`packed.optim`) and its CUDA-graph
+replay (:mod:`packed.graph`)."""
 from packed.model import PackedModels, PackError, pack, unpack
+from packed.optim import PackedSGD
 from packed.step import Divergence, PackedStep, StepOutput, param_groups
 
-__all__ = ["PackedModels", "PackError", "pack", "unpack", "PackedStep", "Divergence", "StepOutput", "param_groups"]
+__all__ = ["PackedModels", "PackError", "pack", "unpack", "PackedStep", "PackedSGD", "Divergence",
+           "StepOutput", "param_groups"]

@@ -334,3 +334,33 @@ def test_captured_auc_lp_pack_equals_separate_masked_runs(float64_default, compo
                     close(q.detach(), p.detach(), f"step {t} run {i} {k}")
     assert graphed.captures == 1   # the milestone at step 1 changed an lr, not the graph
     assert runs[0].optimizer.param_groups[0]["lr"] == alone[0].optimizer.param_groups[0]["lr"]
+
+
+# --- the launcher -------------------------------------------------------------------------------
+
+def test_launcher_on_cuda_terms_writes_the_same_metrics(compose_cfg, tmp_path, monkeypatch):
+    """The launcher as it runs on CUDA (capture-safe auc_lp, pack-wide SGD), forced on the CPU:
+    the runs' metrics are the configured form's with per-run optimizers (float32: to 1e-5), and
+    results.json says what the pack used."""
+    import functools
+
+    import pandas as pd
+
+    import packed.launch as launch
+    short = ["dataset=digits", "trainer.max_steps=6", "trainer.eval_every=3"]
+    specs = {"ce": [], "auc": ["objective=auc_lp", "objective.epsilon=0.5"]}
+
+    def jobs(tag):
+        return [launch.Job(compose_cfg([*short, *o]), tmp_path / tag / k, name=k) for k, o in specs.items()]
+
+    plain = dict(zip(specs, launch.train_packed(jobs("cpu"), sync_free=True)))
+    monkeypatch.setattr(launch, "capture_form", lambda objective, device: capture_form(objective, "cuda"))
+    monkeypatch.setattr(launch, "PackedStep", functools.partial(PackedStep, pack_update=True))
+    cuda = dict(zip(specs, launch.train_packed(jobs("cuda"), sync_free=True)))
+    for k in specs:
+        assert plain[k]["packed"]["pack_update"] is False and cuda[k]["packed"]["pack_update"] is True
+        assert cuda[k]["packed"]["capture_safe_objective"] is (k == "auc")
+        a = pd.read_csv(tmp_path / "cpu" / k / "metrics.csv")
+        b = pd.read_csv(tmp_path / "cuda" / k / "metrics.csv")
+        cols = ["step", "lr", "train_loss", "val_auc", "test_auc"]
+        pd.testing.assert_frame_equal(a[cols], b[cols], check_exact=False, rtol=1e-5, atol=1e-6)
