@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import tempfile
 import time
@@ -59,16 +60,44 @@ def candidates(entries: list[dict], dataset: str | None = None) -> tuple[list[di
     return [e for e in good if e["where"]["dataset.name"] == dataset], broken
 
 
-def choose(entries: list[dict], cost, avail: float) -> tuple[list[dict], float]:
+def pack_cost(speed: dict, eval_every: int):
+    """``cost_of(entries)``: seconds to train ``entries`` as packs, with their evaluations.
+
+    Per objective, one step of a pack of N runs costs ``a + b N`` ms (``a``: the pack's fixed work,
+    kernel launches and host time, which dominate small packs; ``b``: each run's share), fitted
+    from the probe at N = 1 (``step_ms_solo_<objective>``) and at N = ``pack_n``. Runs whose
+    objectives use one optimizer class share a pack (``families``; the launcher splits packs on
+    ``optimizer._target_``) and pay the largest ``a`` once. Without a solo probe (a rates file) a = 0."""
+    n, families = speed.get("pack_n") or 1, speed.get("families", {})
+
+    def ab(objective: str) -> tuple[float, float]:
+        per, solo = speed[f"step_ms_per_run_{objective}"], speed.get(f"step_ms_solo_{objective}")
+        if solo is None or n < 2:
+            return 0.0, per
+        b = max(0.0, (n * per - solo) / (n - 1))
+        return max(0.0, solo - b), b
+
+    def cost_of(entries: list[dict]) -> float:
+        packs: dict[tuple, list] = {}
+        for e in entries:
+            packs.setdefault((families.get(e["objective"], e["objective"]), e["steps"]), []).append(ab(e["objective"]))
+        total = 0.0
+        for (_, steps), coeffs in packs.items():
+            evals = len(coeffs) * math.ceil(steps / min(eval_every, steps)) * speed["eval_ms"]
+            total += (steps * (max(a for a, _ in coeffs) + sum(b for _, b in coeffs)) + evals) / 1000
+        return total
+    return cost_of
+
+
+def choose(entries: list[dict], cost_of, avail: float) -> tuple[list[dict], float]:
     """Whole blocks in queue order while they fit ``avail`` seconds, then the next entries one by
     one that still fit whole (a window too short for a whole block still trains what it can)."""
     blocks = [list(g) for _, g in groupby(entries, key=lambda e: e["block"])]
-    kept, total = gpu_tables.whole_blocks(blocks, cost, avail)
+    kept, total = gpu_tables.whole_blocks(blocks, cost_of, avail)
     for e in entries[len(kept):]:
-        c = cost(e)
-        if total + c <= avail:
-            kept.append(e)
-            total += c
+        c = cost_of(kept + [e])
+        if c <= avail:
+            kept, total = kept + [e], c
     return kept, total
 
 
@@ -83,22 +112,20 @@ def make_plan(entries: list[dict], speed: dict, budget_s: float, eval_every: int
             priced.append(e)
         else:
             skipped.append((e["key"], f"objective {e['objective']} was not probed"))
-
-    def cost(e):
-        return gpu_tables.run_cost_s(e["objective"], speed, e["steps"], min(eval_every, e["steps"]))
+    cost_of = pack_cost(speed, eval_every)
     avail = gpu_tables.MARGIN * budget_s
     while True:
-        kept, total = choose(priced, cost, avail)
+        kept, total = choose(priced, cost_of, avail)
         bad = [(e, why) for e in kept for why in [verify(e) if verify else None] if why]
         if not bad:
             break
         skipped += [(e["key"], why) for e, why in bad]
         priced = [e for e in priced if e not in [b for b, _ in bad]]
-    cheapest = min((cost(e) for e in priced), default=None)
+    cheapest = min((cost_of([e]) for e in priced), default=None)
     return {"kept": [e["key"] for e in kept], "projected_s": round(total, 1), "budget_s": round(budget_s, 1),
             "available_s": round(avail, 1), "skipped": [{"key": k, "why": w} for k, w in skipped],
-            "cost_s": {e["key"]: round(cost(e), 1) for e in kept},
-            "note": None if kept else (f"nothing fits: the cheapest pending run needs {cheapest:.0f} s, "
+            "cost_alone_s": {e["key"]: round(cost_of([e]), 1) for e in kept},
+            "note": None if kept else (f"nothing fits: the cheapest pending run needs {cheapest:.0f} s alone, "
                                        f"{avail:.0f} s available" if cheapest else "nothing pending")}
 
 
@@ -118,7 +145,8 @@ def verifier(compose, extra: list[str]):
 
 
 def probe(entries: list[dict], extra: list[str], args) -> tuple[dict, object]:
-    """Speeds of the objectives of the first ``--probe-window`` candidates on this device."""
+    """Speeds of the objectives of the first ``--probe-window`` candidates on this device: a pack
+    of ``--probe-n`` and a pack of one (:func:`pack_cost`), and which objectives share a pack."""
     import torch
 
     from builders import resolve_device
@@ -127,22 +155,32 @@ def probe(entries: list[dict], extra: list[str], args) -> tuple[dict, object]:
     cfg = gpu_tables.compose_job(overrides, first["experiment"])
     device = resolve_device(cfg.device)
     objectives = list(dict.fromkeys(e["objective"] for e in entries[:args.probe_window]))
-    try:
-        speed = gpu_tables.measure(cfg, overrides, device, args.probe_n, args.probe_reps, objectives,
-                                   first["experiment"])
-    except Exception as err:   # noqa: BLE001 -- one objective's failure must not cost the window
-        print(f"probe: {campaign_queue.first_line(err)}; probing each objective alone", flush=True)
-        speed = {}
-        for obj in objectives:   # an objective that fails stays unpriced: its entries are skipped
-            try:
-                speed.update(gpu_tables.measure(cfg, overrides, device, args.probe_n, args.probe_reps,
-                                                [obj], first["experiment"]))
-            except Exception as e:   # noqa: BLE001
-                print(f"probe: {obj} failed ({campaign_queue.first_line(e)}); its runs are skipped", flush=True)
-        if "eval_ms" not in speed:
-            raise
+    speed = measure_each(cfg, overrides, device, args.probe_n, args, objectives, first["experiment"])
+    probed = [o for o in objectives if f"step_ms_per_run_{o}" in speed]
+    solo = measure_each(cfg, overrides, device, 1, args, probed, first["experiment"])
+    speed.update({f"step_ms_solo_{o}": solo[f"step_ms_per_run_{o}"] for o in probed if f"step_ms_per_run_{o}" in solo})
+    speed["families"] = {o: str(gpu_tables.compose_job([*overrides, f"objective={o}"], first["experiment"])
+                                .optimizer._target_) for o in probed}
     speed.update(device=str(device), torch=torch.__version__)
     return speed, device
+
+
+def measure_each(cfg, overrides, device, n: int, args, objectives: list[str], experiment: str) -> dict:
+    """:func:`gpu_tables.measure` of ``objectives`` at pack size ``n``; if it fails, each objective
+    alone (one objective's failure must not cost the window: its runs stay unpriced, skipped)."""
+    try:
+        return gpu_tables.measure(cfg, overrides, device, n, args.probe_reps, objectives, experiment)
+    except Exception as err:   # noqa: BLE001
+        print(f"probe (pack of {n}): {campaign_queue.first_line(err)}; probing each objective alone", flush=True)
+    speed: dict = {}
+    for obj in objectives:
+        try:
+            speed.update(gpu_tables.measure(cfg, overrides, device, n, args.probe_reps, [obj], experiment))
+        except Exception as err:   # noqa: BLE001
+            print(f"probe: {obj} failed at pack size {n} ({campaign_queue.first_line(err)})", flush=True)
+    if "eval_ms" not in speed:
+        raise RuntimeError("the probe failed for every objective: see the lines above")
+    return speed
 
 
 def read_speed(path: Path) -> dict:
@@ -241,7 +279,8 @@ def main(argv: list[str] | None = None) -> int:
         r.add_argument("--dataset", help="plan this dataset's entries (default: the first pending entry's)")
         r.add_argument("--speed", help="instead of a probe: a speed JSON (gpu_tables.measure's keys) or a "
                        "rates file (results/paper_tables/rates.json: its low end)")
-        r.add_argument("--probe-n", type=int, default=12, help="pack size of the speed probe")
+        r.add_argument("--probe-n", type=int, default=8,
+                       help="pack size of the speed probe (with a pack of 1: see campaign.pack_cost)")
         r.add_argument("--probe-reps", type=int, default=3)
         r.add_argument("--probe-window", type=int, default=48,
                        help="probe the objectives of this many candidates (the rest cannot fit anyway)")

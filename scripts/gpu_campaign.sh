@@ -8,7 +8,7 @@
 # Which pack to carry: `python scripts/campaign.py status` names the next dataset. Env: BUDGET
 # (wall seconds for probe + training + export, default 480; a hard timeout at BUDGET + 40 s keeps the
 # command under the device's 600 s), EVAL_EVERY (2000), DEVICE (auto), CAMPAIGN_DIR
-# (results/paper_tables: its queue.json and ledger.json say what is pending), PROBE_N (12),
+# (results/paper_tables: its queue.json and ledger.json say what is pending), PROBE_N (8),
 # MAX_PACK, CUDA_GRAPH (1: replay capturable packs from a CUDA graph), EXTRA (more overrides,
 # only keys that define no protocol, e.g. "trainer.eval_batch_size=1024"), PY (python3).
 # Hydra/OmegaConf missing on the machine: wheels from .whl/ (scripts/device_env.sh).
@@ -27,7 +27,7 @@ set -f   # word lists below, never globs (an override like x=[1,2] stays as type
 read -r -a extra <<< "${EXTRA:-}"
 timeout --signal=TERM $((${BUDGET%.*} + 40)) $PY "$ROOT/scripts/campaign.py" --dir "${CAMPAIGN_DIR:-$ROOT/results/paper_tables}" \
     run --out "$OUT" --budget-s "$BUDGET" --eval-every "${EVAL_EVERY:-2000}" --device "${DEVICE:-auto}" \
-    --probe-n "${PROBE_N:-12}" ${MAX_PACK:+--max-pack "$MAX_PACK"} ${CUDA_GRAPH:+--cuda-graph} \
+    --probe-n "${PROBE_N:-8}" ${MAX_PACK:+--max-pack "$MAX_PACK"} ${CUDA_GRAPH:+--cuda-graph} \
     ${extra[0]:+--set "${extra[@]}"} \
     2>&1 | tee "$OUT/campaign.log"
 exit "${PIPESTATUS[0]}"

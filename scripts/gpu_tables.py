@@ -92,16 +92,16 @@ def run_cost_s(objective: str, speed: dict, n_steps: int, eval_every: int) -> fl
             + math.ceil(n_steps / eval_every) * speed["eval_ms"]) / 1000
 
 
-def whole_blocks(blocks: list[list], cost, avail: float) -> tuple[list, float]:
-    """The longest prefix of ``blocks`` (lists of jobs) whose summed ``cost(job)`` fits ``avail``:
-    (its jobs, their cost). Whole blocks only: a table's cells stay complete for the seeds kept."""
+def whole_blocks(blocks: list[list], cost_of, avail: float) -> tuple[list, float]:
+    """The longest prefix of ``blocks`` (lists of jobs) whose ``cost_of(jobs)`` (seconds for a set
+    of jobs: packs share work, so not always a sum) fits ``avail``: (its jobs, their cost). Whole
+    blocks only: a table's cells stay complete for the seeds kept."""
     kept, total = [], 0.0
     for group in blocks:
-        c = sum(cost(job) for job in group)
-        if total + c > avail:
+        c = cost_of(kept + group)
+        if c > avail:
             break
-        kept += group
-        total += c
+        kept, total = kept + group, c
     return kept, total
 
 
@@ -124,7 +124,7 @@ def plan(specs: list[dict], speed: dict, budget_s: float, steps: int, eval_every
         digits = 10 ** max(0, len(str(lo)) - 2)
         steps, reason = max(1, lo // digits * digits), f"the first {len(first)} runs do not fit at {steps} steps"
     kept, total = whole_blocks([specs[i:i + block] for i in range(0, len(specs), block)],
-                               lambda spec: cost_s(spec, steps), avail)
+                               lambda jobs: sum(cost_s(spec, steps) for spec in jobs), avail)
     return {"steps": steps, "eval_every": min(eval_every, steps), "shortened_because": reason,
             "kept": [s["name"] for s in kept], "dropped": [s["name"] for s in specs[len(kept):]],
             "projected_s": round(total, 1), "budget_s": budget_s}

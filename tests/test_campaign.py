@@ -169,7 +169,7 @@ def test_choose_takes_whole_blocks_then_single_runs_that_fit():
         return {"key": key, "block": block, "objective": obj, "steps": 1000}
     entries = [e("a", 1), e("b", 1, "auc_lp"), e("c", 2, "auc_lp"), e("d", 2), e("f", 3)]
     cost = {"ce": 1.0, "auc_lp": 2.0}
-    kept, total = campaign.choose(entries, lambda x: cost[x["objective"]], avail=4.5)
+    kept, total = campaign.choose(entries, lambda xs: sum(cost[x["objective"]] for x in xs), avail=4.5)
     # block 1 (3 s) fits, block 2 (3 s) does not; then, alone, c (2 s) does not, d (1 s) does, f no more
     assert [x["key"] for x in kept] == ["a", "b", "d"] and total == 4.0
 
@@ -224,3 +224,17 @@ def test_the_committed_queue_starts_with_the_cifar10_91_percent_cell_and_is_cons
     assert [e["overrides"][2] for e in first[::12]] == ["seed=0", "seed=1", "seed=2"]   # whole seeds in order
     assert entries[36]["key"] == "catdog_nk0.1_ce_lr0.1_s0" and all(e["steps"] == 40000 for e in entries)
     assert all(e.get("config_sha") for e in entries)
+
+
+def test_pack_cost_fits_a_pack_overhead_from_the_solo_probe_and_shares_it_within_a_pack():
+    # pack of 4: ce 2 ms per run-step (8 ms a step), alone 5 ms -> a = 4, b = 1; auc_lp 3 / 6 -> a = 4, b = 2
+    speed = {"pack_n": 4, "eval_ms": 0.0, "families": {"ce": "SGD", "auc_lp": "SGD", "ppd_sg": "PPD"},
+             **{f"step_ms_per_run_{o}": v for o, v in (("ce", 2.0), ("auc_lp", 3.0), ("ppd_sg", 2.0))},
+             **{f"step_ms_solo_{o}": v for o, v in (("ce", 5.0), ("auc_lp", 6.0), ("ppd_sg", 5.0))}}
+    cost_of = campaign.pack_cost(speed, eval_every=1000)
+
+    def e(obj):
+        return {"objective": obj, "steps": 1000}
+    assert cost_of([e("ce")]) == pytest.approx(5.0) and cost_of([e("ce")] * 4) == pytest.approx(8.0)
+    assert cost_of([e("ce"), e("auc_lp")]) == pytest.approx(7.0)            # one pack: 4 + 1 + 2 ms a step
+    assert cost_of([e("ce"), e("auc_lp"), e("ppd_sg")]) == pytest.approx(12.0)   # + a pack of its own: 5
