@@ -364,3 +364,14 @@ def test_launcher_on_cuda_terms_writes_the_same_metrics(compose_cfg, tmp_path, m
         b = pd.read_csv(tmp_path / "cuda" / k / "metrics.csv")
         cols = ["step", "lr", "train_loss", "val_auc", "test_auc"]
         pd.testing.assert_frame_equal(a[cols], b[cols], check_exact=False, rtol=1e-5, atol=1e-6)
+
+
+def test_the_gpu_check_script_runs_on_the_cpu(tmp_path):
+    """``python -m packed.check_graph`` (for a GPU window) on the CPU with its stand-in graph:
+    the replayed pack equals the same stepper run eagerly, bitwise."""
+    from packed.check_graph import main
+    rows = main(["--device", "cpu", "--model", "mlp", "--n", "2", "--steps", "4",
+                 "--objectives", "ce", "ppd_sg", "--out", str(tmp_path / "check.json")])
+    assert [r["objective"] for r in rows] == ["ce", "ppd_sg"] and all("error" not in r for r in rows)
+    assert rows[0]["pack_update"] and not rows[1]["pack_update"] and rows[1]["host_steps"] == 1
+    assert all(r["loss_diff_vs_eager"] == 0.0 and r["param_diff_vs_eager"] == 0.0 for r in rows)
