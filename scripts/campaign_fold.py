@@ -8,7 +8,8 @@ marked done in ``ledger.json``; a run that diverged is marked ``diverged`` (a re
 fails; no folder, so no table pools a shorter run); a run stopped earlier (the deadline) is
 recorded under ``attempts`` and stays pending. Every record is identified by its content hash, so
 folding the same files again changes nothing; a second run of an entry already done is reported
-and the first kept.
+and the first kept. A returned folder's ``plan.json`` and ``machine.txt`` are kept under
+``windows/<run id>/``.
 
 ``fold-cpu RUN_DIR...`` folds a finished ``train.py`` run folder (only at the queue's 40k steps)
 marked as a CPU run whose lr came from the 5k study, not the grid: as its queue entry when its
@@ -26,6 +27,7 @@ from campaign_cells import LEDGER_FILE, RUNS_DIR, TERMINAL
 
 CPU_NOTE = "CPU run; lr from the 5k study (results/lp_vs_ce_cifar10/), not the grid"
 RATES = "rates.json"
+WINDOWS_DIR = "windows"   # per device command: its plan.json and machine.txt
 
 
 class FoldError(ValueError):
@@ -137,8 +139,28 @@ def fold(paths: list[Path], folder: Path, log=print) -> dict[str, int]:
             info["why"] = why
         ledger["runs"][key] = info
     campaign_queue.write_json(folder / LEDGER_FILE, ledger)
+    keep_window_notes(paths, records, folder)
     log(f"fold: {', '.join(f'{v} {k}' for k, v in counts.items() if v)} ({len(records)} records)")
     return counts
+
+
+def keep_window_notes(paths: list[Path], records: list[dict], folder: Path) -> None:
+    """Each returned folder's ``plan.json`` and ``machine.txt`` (small, no machine paths) under
+    ``windows/<run id>/``: what each command planned, probed and ran on, beside the runs."""
+    for p in map(Path, paths):
+        run_ids = {r.get("run_id") for r in records} if p.is_dir() else set()
+        plan = p / "plan.json"
+        if not plan.is_file() or not run_ids:
+            continue
+        run_id = json.loads(plan.read_text()).get("run_id")
+        if run_id not in run_ids:
+            continue
+        d = folder / WINDOWS_DIR / str(run_id).replace(":", "-")
+        d.mkdir(parents=True, exist_ok=True)
+        for name in ("plan.json", "machine.txt"):
+            src, dst = p / name, d / name
+            if src.is_file() and (not dst.is_file() or dst.read_bytes() != src.read_bytes()):
+                dst.write_bytes(src.read_bytes())
 
 
 def fold_cpu(run_dirs: list[Path], folder: Path, note: str = CPU_NOTE, log=print) -> dict[str, int]:

@@ -68,6 +68,8 @@ def test_gpu_campaign_sh_end_to_end_on_the_cpu(queue_dir, tmp_path):
     assert '"git_commit"' in (out / "machine.txt").read_text()
     d = folded_copy(queue_dir, tmp_path)
     assert campaign_fold.fold([out], d, log=lambda m: None)["done"] == 2
+    kept = list((d / "windows").iterdir())
+    assert len(kept) == 1 and sorted(p.name for p in kept[0].iterdir()) == ["machine.txt", "plan.json"]
 
 
 def folded_copy(queue_dir: Path, tmp_path: Path) -> Path:
