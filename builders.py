@@ -95,7 +95,8 @@ class StageDecayLR(torch.optim.lr_scheduler.LRScheduler):
         return [base * self.gamma ** done for base in self.base_lrs]
 
 
-def build_scheduler(cfg: DictConfig, optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LRScheduler:
+def build_scheduler(cfg: DictConfig, optimizer: torch.optim.Optimizer
+                    ) -> torch.optim.lr_scheduler.LRScheduler:
     """The lr schedule of ``cfg.scheduler``: step decay by ``gamma`` at ``milestones`` (the
     default, the paper's), or, when ``stages`` is set (``{first, growth}``), the authors' stage
     schedule (:class:`StageDecayLR`; then ``milestones`` must be empty)."""

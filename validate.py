@@ -36,7 +36,7 @@ RESUME_VALUES = (False, True, "force")
 POSITIVE_INTS = ("max_steps", "eval_every", "batch_size", "eval_batch_size", "log_every")
 PRECISIONS = ("fp32", "bf16")
 EXAMPLES = {"max_steps": 1000, "eval_every": 100, "batch_size": 64, "eval_batch_size": 512,
-            "log_every": 50}
+            "log_every": 50, "neg_keep": 0.1, "drop_rate": 0.9}
 
 
 class ConfigError(ValueError):
@@ -101,21 +101,17 @@ def data_config_problems(cfg: DictConfig) -> list[str]:
     """The ``dataset`` keys the split builder and the datasets read (before any data are read)."""
     from data.datasets import check_normalize
     from data.imbalance import drop_fraction
-    from data.splits import PROTOCOLS
+    from data.splits import check_protocol
 
-    problems, ds = [], cfg.dataset
-    numbers = {k: ds.get(k, d) for k, d in (("neg_keep", 1.0), ("drop_rate", 0.0))}
-    for key, value in numbers.items():
-        if not _number(value):
-            problems.append(f"dataset.{key}={value!r} must be a number, e.g. dataset.{key}="
-                            f"{ {'neg_keep': 0.1, 'drop_rate': 0.9}[key]}")
+    ds = cfg.dataset
+    knobs = {"neg_keep": ds.get("neg_keep", 1.0), "drop_rate": ds.get("drop_rate", 0.0)}
+    problems = [f"dataset.{key}={value!r} must be a number, e.g. dataset.{key}={EXAMPLES[key]}"
+                for key, value in knobs.items() if not _number(value)]
     if not problems and ds.get("task") in TASKS:
-        problems += _error(lambda: drop_fraction(ds.task, float(numbers["neg_keep"]),
-                                                 float(numbers["drop_rate"])))
-    if ds.get("split", "paper") not in PROTOCOLS:
-        problems.append(f"dataset.split={ds.get('split')!r} must be one of {', '.join(PROTOCOLS)} "
-                        "(authors: the official train split, no validation hold-out)")
-    return problems + _error(lambda: check_normalize(ds.get("normalize", "per_channel")))
+        problems += _error(lambda: drop_fraction(ds.task, float(knobs["neg_keep"]),
+                                                 float(knobs["drop_rate"])))
+    return (problems + _error(lambda: check_protocol(ds.get("split", "paper")))
+            + _error(lambda: check_normalize(ds.get("normalize", "per_channel"))))
 
 
 def scheduler_problems(cfg: DictConfig) -> list[str]:

@@ -78,6 +78,14 @@ def holdout(labels: np.ndarray, val_size: int | float, seed: int) -> tuple[np.nd
     return np.sort(tr).astype(np.int64), np.sort(va).astype(np.int64)
 
 
+def check_protocol(protocol: str) -> str:
+    """``protocol`` if it is one of :data:`PROTOCOLS`, else a :class:`SplitError` saying the fix."""
+    if protocol not in PROTOCOLS:
+        raise SplitError(f"dataset.split={protocol!r} must be one of {', '.join(PROTOCOLS)} "
+                         "(authors: the official train split without a validation hold-out)")
+    return protocol
+
+
 def check_classes(split: str, labels: np.ndarray, num_classes: int, hint: str) -> None:
     """Raise :class:`SplitError` unless every one of ``num_classes`` labels occurs in ``labels``."""
     present = np.unique(labels)
@@ -116,9 +124,7 @@ def build_splits(train_labels: np.ndarray, test_labels: np.ndarray, *, task: str
         >>> len(s.train), len(s.val), len(s.test)
         (27500, 0, 10000)
     """
-    if protocol not in PROTOCOLS:
-        raise SplitError(f"dataset.split={protocol!r} must be one of {', '.join(PROTOCOLS)} "
-                         "(authors: the official train split without a validation hold-out)")
+    check_protocol(protocol)
     train_labels = np.asarray(train_labels, dtype=np.int64)
     test_labels = np.asarray(test_labels, dtype=np.int64)
     k = int(num_classes if num_classes is not None
