@@ -70,3 +70,15 @@ def test_without_git_the_run_still_writes_unknown(compose_cfg, tmp_path, monkeyp
 ])
 def test_run_outputs_do_not_make_the_tree_dirty(status, dirty):
     assert provenance.is_dirty(status) is dirty
+
+
+def test_packed_runs_record_it_too(compose_cfg, tmp_path):
+    """The packed launcher writes results.json through train.Run.results: provenance included."""
+    from packed.launch import Job, train_packed
+
+    short = ["dataset=digits", "trainer.max_steps=2", "device=cpu", "trainer.checkpoints=false"]
+    jobs = [Job(compose_cfg([*short, f"seed={s}"]), tmp_path / f"s{s}", name=f"s{s}") for s in (0, 1)]
+    for job, out in zip(jobs, train_packed(jobs)):
+        rec = json.loads((job.run_dir / "results.json").read_text())["provenance"]
+        assert out["packed"]["size"] == 2 and set(rec) == set(provenance.KEYS)
+        assert rec["device_name"] == provenance.cpu_model()
