@@ -10,6 +10,11 @@ certificate with least-norm multipliers on ``T``, and the same ``K_T`` factorisa
 active-set backward (:mod:`solver.implicit`) solves with.  So ``z``, ``value``, ``dual`` and the
 gradients equal the Newton forward's wherever the optimum is unique.
 
+``forward="auto"`` (the default) also ends here for the LPs Newton hands over (stalled, not
+converged, out of time, diverged; ``only=``), and for a large general LP on the CPU.  HiGHS
+gets the time left of ``max_seconds`` as its ``time_limit``; past it:
+:class:`solver.LPTimeLimitError`.
+
 Limits: CPU tensors only (a CUDA tensor raises :class:`LPInputError`: HiGHS runs on the host
 and a silent device round trip per call would hide a sync in a training step; move the data
 with ``.cpu()`` or use the default ``forward="newton"``, which runs on the GPU);

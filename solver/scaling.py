@@ -56,6 +56,8 @@ def _scalable(prob):
 
 def _abs_max_rows_cols(op, r, s, reduce_rows):
     """Largest ``|r_i a_ij s_j|`` per row (``reduce_rows``) or per column."""
+    if op.shape[0] == 0:        # no rows (all removed by presolve): nothing to take a max of
+        return r if reduce_rows else torch.zeros_like(s)
     if type(op) is DenseOperator:
         M = op.A.detach().abs() * r.unsqueeze(-1) * s.unsqueeze(-2)
         return M.amax(-1) if reduce_rows else M.amax(-2)

@@ -20,8 +20,11 @@ class LPSolution:
             all eps stages), ``converged``, ``kkt_residual``, ``primal_infeasibility``,
             ``dual_residual``, ``duality_gap``, ``active_count`` (mean active rows + bounds),
             ``eps``, ``eps_steps``, ``linear_solver`` (``cholesky`` | ``diagonal`` | ``cg`` | ``sparse``),
-            ``cg_iterations``, ``seconds``, ``forward`` (``newton`` | ``highs``; with ``highs``,
-            ``iterations`` counts HiGHS's simplex iterations and ``eps`` is 0).
+            ``cg_iterations``, ``seconds``, ``forward`` (``newton`` | ``highs`` |
+            ``newton+highs``: ``forward="auto"`` handed some LPs of the batch to HiGHS; with
+            ``highs``, ``iterations`` counts HiGHS's simplex iterations and ``eps`` is 0),
+            ``equilibrated`` (Ruiz scaling ran) and ``presolve`` (``None`` or the rows and
+            columns removed); after scaling the KKT measures are those of the scaled LP.
         instance_stats: the same per LP, tensors of the batch shape.
         dual_eq: ``[..., p]`` multipliers of the equalities (or ``None``).
         dual_bounds: ``[..., n]`` multipliers of ``z >= 0``.

@@ -25,10 +25,11 @@ from dataclasses import fields
 
 import torch
 
-from solver.errors import LPInputError, LPNotConvergedWarning, LPSolverError, LPTimeLimitError
+from solver.auto import AUTO_NEWTON_SHARE, route, time_limit_error
+from solver.errors import LPInputError, LPNotConvergedWarning, LPSolverError
 from solver.highs import check_call, highs_forward
 from solver.implicit import active_set_output, unrolled_output
-from solver.linsolve import SPARSE_MIN_N, NewtonSystem, choose_method, diag_scale
+from solver.linsolve import NewtonSystem, choose_method, diag_scale
 from solver.newton import newton_penalty
 from solver.options import SolverOptions
 from solver.problem import build_problem
@@ -212,46 +213,6 @@ def run_eps_loop(prob, z, eps, opts, method, extra_steps=0, deadline=None, hando
             "stalled": stalled & ~done, "timed_out": timed_out}
 
 
-# forward="auto": share of max_seconds that Newton may spend before a hand-off to HiGHS
-AUTO_NEWTON_SHARE = 0.5
-
-
-def _route(c, A, A_eq, opts, backward) -> str:
-    """``"newton"``, ``"highs"`` or ``"auto"`` (Newton with a hand-off to HiGHS) for this call.
-
-    ``forward="auto"`` means HiGHS may serve the call only where it can: a general LP (``A``
-    and ``A_eq`` dense or ``torch.sparse`` tensors, not structured operators) on the CPU with
-    the active-set backward and no sketch.  Such an LP with ``n >= SPARSE_MIN_N`` and no
-    ``vertex_guess``/``warm_start`` goes to HiGHS at once (large: see
-    :class:`solver.options.SolverOptions`); a smaller one runs Newton with the hand-off."""
-    if opts.forward != "auto":
-        return opts.forward
-    mats = [M for M in (A, A_eq) if M is not None]
-    general = all(isinstance(M, torch.Tensor) for M in mats)
-    if not (general and c.device.type == "cpu" and backward == "active_set"
-            and opts.sketch is None):
-        return "newton"
-    if (c.shape[-1] >= SPARSE_MIN_N and opts.vertex_guess is None
-            and opts.warm_start is None):
-        return "highs"
-    return "auto"
-
-
-def _time_limit_error(opts, run, stats):
-    bad = (~run["done"]).nonzero().flatten().tolist()
-    where = f"batch instances {bad[:10]}{'...' if len(bad) > 10 else ''}"
-    return LPTimeLimitError(
-        f"LP solve ran past max_seconds={opts.max_seconds:g} ({stats['seconds']:.2f} s) "
-        f"before converging ({where}): KKT residual {stats['kkt_residual']:.2e} > "
-        f"tol={opts.tol:.1e} (primal infeasibility {stats['primal_infeasibility']:.1e}, dual "
-        f"residual {stats['dual_residual']:.1e}, duality gap {stats['duality_gap']:.1e}) "
-        f"after {stats['iterations']} Newton steps and {stats['eps_steps']} eps reductions "
-        f"(eps {stats['eps']:.1e}). Try forward='highs' (or the default forward='auto') for a "
-        f"general LP on the CPU, a larger max_seconds (None: no bound), "
-        f"compute_dtype=torch.float64 for float32 data, or rescaling the rows of A.",
-        stats=stats, instances=bad)
-
-
 def _stats(prob, run, method, seconds, forward="newton"):
     rec = run["rec"]
     active = rec.wA.sum(-1) + rec.wz.sum(-1)
@@ -329,10 +290,15 @@ def solve_lp(c, A, b, A_eq=None, b_eq=None, *, backward: str = "active_set",
             ``max_eps_steps``, ``max_iter``, ``tol``, ``delta``, ``step``, ``step_size``,
             ``linear_solver``, ``cg_tol``, ``cg_max_iter``, ``active_tol``, ``max_norm``,
             ``warm_start``, ``vertex_guess``, ``sketch``, ``sketch_size``, ``sketch_seed``, ``on_fail``,
-            ``diagnose``, ``compute_dtype``, ``forward``, ``capture_safe``, ``fixed_iters``,
+            ``diagnose``, ``compute_dtype``, ``forward``, ``max_seconds``, ``stall_steps``,
+            ``equilibrate``, ``presolve``, ``capture_safe``, ``fixed_iters``,
             ``fixed_eps_stages``).  ``forward="highs"`` solves each
             LP with scipy's HiGHS on the CPU and keeps the active-set backward
-            (:mod:`solver.highs`); the default ``"newton"`` batches and runs on the GPU.
+            (:mod:`solver.highs`); ``"newton"`` batches and runs on the GPU; the default
+            ``"auto"`` runs Newton and hands a general CPU LP that stalls, fails or runs out
+            of time to HiGHS (a large one at once; :mod:`solver.auto`).  General LPs are
+            presolved and equilibrated before Newton (:mod:`solver.presolve`,
+            :mod:`solver.scaling`), mapped back exactly.
             ``capture_safe=True`` (separable LPs: ``DiagonalOperator`` A, no equalities) runs
             fixed counts with device-side flags and no host sync (:mod:`solver.capture`);
             its ``stats`` are device tensors and failures are flagged there, not raised.
@@ -351,6 +317,9 @@ def solve_lp(c, A, b, A_eq=None, b_eq=None, *, backward: str = "active_set",
             (:class:`solver.options.SolverOptions`: e.g. ``tol`` must be finite and > 0).
         LPSolverError: infeasible or unbounded LP (``err.kind``), or not converged with
             ``on_fail="raise"``; ``err.stats`` holds the diagnostics.
+        LPTimeLimitError (an ``LPSolverError``, ``kind="time_limit"``): the solve ran past
+            ``max_seconds`` (default 60 s); the message names the KKT residual, Newton steps
+            and eps reached and the options to try.
     """
     if backward not in BACKWARDS:
         raise LPInputError(f"backward={backward!r}; choose 'active_set' or 'unrolled'.")
@@ -360,23 +329,27 @@ def solve_lp(c, A, b, A_eq=None, b_eq=None, *, backward: str = "active_set",
         return solve_capture_safe(c, A, b, A_eq, b_eq, backward, opts)
     t0 = time.perf_counter()
     deadline = None if opts.max_seconds is None else t0 + opts.max_seconds
-    route = _route(c, A, A_eq, opts, backward)
-    highs = route == "highs"
+    path = route(c, A, A_eq, opts, backward)
+    highs = path == "highs"
     # HiGHS computes in float64: so does its recovery unless compute_dtype says otherwise
     prob = build_problem(c, A, b, A_eq, b_eq,
                          compute_dtype=opts.compute_dtype or (torch.float64 if highs else None))
     if prob.B == 0:
         return empty_solution(prob, c, b, time.perf_counter() - t0, opts.forward)
     method = choose_method(prob, opts.linear_solver, unrolled=backward == "unrolled")
+    if opts.forward == "auto" and method == "diagonal":
+        # separable (e.g. A = -I as torch.sparse): Newton needs <= a few steps, no hand-off
+        if highs:               # it was routed to HiGHS by size: back to Newton's dtype
+            prob = build_problem(c, A, b, A_eq, b_eq, compute_dtype=opts.compute_dtype)
+            highs = False
+        path = "newton"
     opts = opts.resolved(prob.dtype, separable=method == "diagonal")
-    if route == "auto" and method == "diagonal":
-        route = "newton"            # separable: Newton needs <= a few steps, no hand-off
     if highs:   # failures raise (or warn) inside, with the same typed errors
         check_call(prob, backward)
         work, sc, forward = prob, None, "highs"
         run = highs_forward(prob, opts, method, deadline)
     else:
-        work, sc, run, forward = _newton_forward(prob, opts, method, backward, route, t0,
+        work, sc, run, forward = _newton_forward(prob, opts, method, backward, path, t0,
                                                  deadline)
         highs = forward != "newton"
     if not highs and not bool(run["done"].all()):
@@ -384,18 +357,19 @@ def solve_lp(c, A, b, A_eq=None, b_eq=None, *, backward: str = "active_set",
     return _solution(prob, work, sc, run, method, backward, c.dtype, forward, t0)
 
 
-def _newton_forward(prob, opts, method, backward, route, t0, deadline):
-    """Newton (after a ``vertex_guess``, if any), on the equilibrated LP where
-    :mod:`solver.scaling` applies, with ``forward="auto"``'s hand-off to HiGHS.
-    Returns ``(work, scaling, run, forward)``: the LP the run describes (scaled or not)."""
+def _newton_forward(prob, opts, method, backward, path, t0, deadline):
+    """Newton (after a ``vertex_guess``, if any), on the presolved and equilibrated LP where
+    :mod:`solver.presolve` / :mod:`solver.scaling` apply, with ``forward="auto"``'s hand-off
+    to HiGHS (``path == "auto"``).  Returns ``(work, scaling, run, forward)``: the LP the run
+    describes (reduced / scaled or not; ``run["reduction"]`` says what presolve removed)."""
     if opts.vertex_guess is not None and backward != "unrolled":
         run = run_from_guess(prob, opts, method)
         if run is not None:
             return prob, None, run, "newton"
-    # unrolled: its Jacobian is that of the penalty iterate, which scaling changes by O(eps)
-    # (cosine 0.9976 against the active-set one on test_solver_grad's seed 5, 0.999+ unscaled)
     # presolve and scaling: exact substitutions with constant factors, so the active-set
-    # backward of the reduced, scaled LP is that of the LP as given (not for unrolled)
+    # backward of the reduced, scaled LP is that of the LP as given.  Not for unrolled: its
+    # Jacobian is that of the penalty iterate, which scaling changes by O(eps) (cosine 0.9976
+    # against the active-set one on test_solver_grad's seed 5, 0.999+ unscaled)
     general = method != "diagonal" and backward != "unrolled"
     red_prob, red = presolve(prob) if general and opts.presolve and opts.warm_start is None \
         else (prob, None)
@@ -403,7 +377,7 @@ def _newton_forward(prob, opts, method, backward, route, t0, deadline):
     work = red_prob if sc is None else scale_problem(red_prob, sc)
     z0, eps0 = _initial_point(work, opts, None if sc is None else sc.s)
     unrolled = backward == "unrolled" and torch.is_grad_enabled()
-    handoff = route == "auto"
+    handoff = path == "auto"
     # auto: Newton gets a share of the time, HiGHS keeps the rest for a hand-off
     newton_deadline = deadline if not handoff or deadline is None else \
         t0 + AUTO_NEWTON_SHARE * opts.max_seconds
@@ -427,11 +401,11 @@ def _raise_or_warn(work, opts, method, run, t0, deadline):
     not converged) and raise, or warn with ``on_fail="warn"``."""
     stats, _ = _stats(work, run, method, time.perf_counter() - t0)
     if run.get("timed_out"):
-        raise _time_limit_error(opts, run, stats)
+        raise time_limit_error(opts, run, stats)
     kind, msg, bad = diagnose.explain(work, opts, method, run, deadline) if opts.diagnose \
         else ("not_converged", diagnose.not_converged_message(opts, run), [])
     if kind == "not_converged" and deadline is not None and time.perf_counter() > deadline:
-        raise _time_limit_error(opts, run, stats)
+        raise time_limit_error(opts, run, stats)
     if kind != "not_converged" or opts.on_fail == "raise":
         raise LPSolverError(msg, kind=kind, stats=stats, instances=bad)
     warnings.warn(msg, LPNotConvergedWarning, stacklevel=4)

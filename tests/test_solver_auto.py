@@ -98,6 +98,11 @@ def test_auto_routes():
     d = torch.randn(300, dtype=D)
     sep = solve_lp(torch.ones(300, dtype=D), DiagonalOperator(-torch.ones(300, dtype=D)), d)
     assert sep.stats["forward"] == "newton"
+    # ... also as a torch.sparse -I with n >= 256 (one nonzero per row: the diagonal path)
+    eye = torch.sparse_coo_tensor(torch.arange(300).repeat(2, 1), -torch.ones(300, dtype=D))
+    sep_csr = solve_lp(torch.ones(300, dtype=D), eye.to_sparse_csr(), d)
+    assert sep_csr.stats["forward"] == "newton" and sep_csr.stats["linear_solver"] == "diagonal"
+    assert torch.allclose(sep_csr.z, sep.z, atol=1e-9)
     # a large general LP (n >= 256) goes straight to HiGHS
     n, m = 300, 200
     A = torch.tensor(rng.standard_normal((m, n)), dtype=D)
