@@ -306,7 +306,7 @@ def test_capture_safe_form_has_the_masked_loss_and_gradient():
         loss.backward()
         return loss.detach(), x.grad
 
-    for seed in range(40):
+    for seed in range(20):   # sizes, imbalance, epsilon, one-class batches (seeds 3, 4, 8, 9, ...)
         logits, y, eps = auc_batch(seed)
         masked = AUCLoss(epsilon=eps)
         (la, ga), (lb, gb) = (loss_and_grad(fn, logits, y) for fn in (masked, capture_form(masked, "cuda")))
