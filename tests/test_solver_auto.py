@@ -132,3 +132,17 @@ def test_unbounded_with_equalities_in_every_mode(forward):
         solve_lp(t([-1.0, 0.0]), t([[0.0, 0.0]]), t([1.0]), t([[1.0, -1.0]]), t([1.0]),
                  forward=forward)
     assert err.value.kind == "unbounded"
+
+
+def test_highs_time_limit_raises_typed_error():
+    """forward='highs' passes the time left to HiGHS; past it: LPTimeLimitError, not a hang."""
+    rng = np.random.default_rng(0)
+    n, m = 3000, 3000
+    A = torch.tensor(rng.standard_normal((m, n)) * (rng.random((m, n)) < 0.01), dtype=D)
+    b = A @ torch.full((n,), 0.5, dtype=D) + 1.0
+    c = torch.tensor(rng.standard_normal(n), dtype=D)
+    box = torch.cat([A, torch.eye(n, dtype=D)]).to_sparse()
+    with pytest.raises(LPTimeLimitError) as err:
+        solve_lp(c, box, torch.cat([b, torch.ones(n, dtype=D)]), forward="highs",
+                 max_seconds=1e-3)
+    assert "max_seconds" in str(err.value) and err.value.kind == "time_limit"
