@@ -85,12 +85,13 @@ def evaluate(model, x, y, pos_rate: float) -> dict[str, float]:
             "acc": float(np.mean((margin >= 0) == labels)), "acc_prior": float(np.mean(top == labels))}
 
 
-def train_one(data, method: str, lr: float, seed: int, args) -> pd.DataFrame:
+def train_one(data, method: str, lr: float, eps: float | None, seed: int, args) -> pd.DataFrame:
     """One run; rows every ``--eval-every`` iterations (and at 0)."""
     x_tr, y_tr, x_te, y_te, hidden = data
     torch.manual_seed(seed)
     model = MLP(num_classes=2, input_shape=[x_tr.shape[1]], hidden=hidden)
-    objective = instantiate_runtime(composed(METHODS[method]).objective, num_classes=2,
+    overrides = METHODS[method] + ([f"objective.epsilon={eps}"] if eps is not None else [])
+    objective = instantiate_runtime(composed(overrides).objective, num_classes=2,
                                     pos_ratio=float(y_tr.float().mean()))
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     batches = torch.Generator().manual_seed(seed)
@@ -116,15 +117,21 @@ def train_one(data, method: str, lr: float, seed: int, args) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def run_cached(figure, data, method, lr, seed, args) -> pd.DataFrame:
-    key = f"{figure}_{method}_lr{lr:g}_s{seed}_it{args.iters}_b{args.batch_size}"
+def is_direct(method: str) -> bool:
+    """The positive / negative updates: the only ones with an epsilon."""
+    return method.startswith(("pos-", "neg-"))
+
+
+def run_cached(figure, data, method, lr, eps, seed, args) -> pd.DataFrame:
+    tag = f"_eps{eps:g}" if eps is not None else ""
+    key = f"{figure}_{method}_lr{lr:g}{tag}_s{seed}_it{args.iters}_e{args.eval_every}_b{args.batch_size}"
     path = args.out / "runs" / f"{key}.csv"
     if path.exists():
         return pd.read_csv(path)
     t0 = time.time()
-    df = train_one(data, method, lr, seed, args)
+    df = train_one(data, method, lr, eps, seed, args)
     df.insert(0, "figure", figure), df.insert(1, "method", method)
-    df.insert(2, "lr", lr), df.insert(3, "seed", seed)
+    df.insert(2, "lr", lr), df.insert(3, "eps", eps), df.insert(4, "seed", seed)
     path.parent.mkdir(parents=True, exist_ok=True)
     df.to_csv(path, index=False)
     last = df.iloc[-1]
@@ -137,20 +144,27 @@ def study(figure: str, args) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Grid (seed 0) then the chosen step size with seeds 1..args.seeds, for every method."""
     data = load_data(figure)
     args = argparse.Namespace(**vars(args))
-    args.iters = dict(item.split("=") for item in args.figure_iters).get(figure, args.iters)
-    args.iters = int(args.iters)
+    steps = dict(item.split("=") for item in args.figure_steps).get(figure)
+    if steps:
+        args.iters, args.eval_every = (int(v) for v in (steps.split(",") + [args.eval_every])[:2])
     grid_rows, curves = [], []
     for method in args.methods:
         finals = {}
         for lr in args.lrs:
-            last = run_cached(figure, data, method, lr, 0, args).iloc[-1]
-            ok = last.step == args.iters and np.isfinite(last.train_ap)
-            finals[lr] = last.train_ap if ok else -np.inf
-            grid_rows.append(dict(figure=figure, method=method, lr=lr, final_train_ap=last.train_ap,
-                                  final_test_ap=last.test_ap, diverged=not ok))
+            for eps in (args.epsilons if is_direct(method) else [None]):
+                last = run_cached(figure, data, method, lr, eps, 0, args).iloc[-1]
+                ok = last.step == args.iters and np.isfinite(last.train_ap)
+                finals[lr, eps] = last.train_ap if ok else -np.inf
+                grid_rows.append(dict(figure=figure, method=method, lr=lr, eps=eps,
+                                      final_train_ap=last.train_ap, final_test_ap=last.test_ap,
+                                      diverged=not ok))
+        if args.grid_only:
+            continue
         best = max(finals, key=finals.get)
         for seed in range(1, args.seeds + 1):
-            curves.append(run_cached(figure, data, method, best, seed, args))
+            curves.append(run_cached(figure, data, method, *best, seed, args))
+    if args.grid_only:
+        return pd.DataFrame(grid_rows), pd.DataFrame()
     return pd.DataFrame(grid_rows), pd.concat(curves, ignore_index=True)
 
 
@@ -166,9 +180,16 @@ def plot(figure: str, curves: pd.DataFrame, path: Path) -> None:
         for ax, key in zip(axes, keys):
             by_step = df.groupby("step")[key]
             mean, lo, hi = by_step.mean(), by_step.min(), by_step.max()
+            eps = f", eps {df.eps.iloc[0]:g}" if pd.notna(df.eps.iloc[0]) else ""
             ax.plot(mean.index, mean.values, style, color=color,
-                    label=f"{method} (lr {df.lr.iloc[0]:g})")
+                    label=f"{method} (lr {df.lr.iloc[0]:g}{eps})")
             ax.fill_between(mean.index, lo.values, hi.values, color=color, alpha=0.15)
+    # zoom on the part after the first quarter of training: on the easy linear data every
+    # method is near 1 within a few evaluations and the random-init start would hide the gaps
+    late = curves[curves.step >= curves.step.max() / 4]
+    for ax, key in zip(axes, keys):
+        low = late.groupby(["method", "step"])[key].mean().min()
+        ax.set_ylim(max(0.0, low - 0.02 * (1 - low) - 0.002), 1.0 + 0.02 * (1 - low) + 0.0005)
     for ax, name in zip(axes, ("test AP", "test accuracy (margin > 0)",
                                "test accuracy (top train-prior fraction positive)")):
         ax.set_xlabel("iteration")
@@ -189,7 +210,7 @@ def table(curves: pd.DataFrame) -> pd.DataFrame:
     last = curves[curves.step == curves.groupby("figure").step.transform("max")]
     area = curves.groupby(keys + ["seed"], sort=False).test_ap.mean().rename("curve_ap").reset_index()
     agg = last.merge(area, on=keys + ["seed"]).groupby(keys, sort=False).agg(
-        lr=("lr", "first"), iters=("step", "max"),
+        lr=("lr", "first"), eps=("eps", "first"), iters=("step", "max"),
         test_ap=("test_ap", "mean"), test_ap_std=("test_ap", "std"),
         test_acc=("test_acc", "mean"), test_acc_std=("test_acc", "std"),
         test_acc_prior=("test_acc_prior", "mean"), test_acc_prior_std=("test_acc_prior", "std"),
@@ -202,10 +223,13 @@ def main() -> None:
     p.add_argument("--figures", nargs="+", default=list(FIGURES), choices=list(FIGURES))
     p.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     p.add_argument("--lrs", nargs="+", type=float, default=[0.003, 0.03, 0.3])
+    p.add_argument("--epsilons", nargs="+", type=float, default=[0.1, 1.0],
+                   help="grid of objective.epsilon for the positive / negative updates")
+    p.add_argument("--grid-only", action="store_true", help="run the step-size grid only")
     p.add_argument("--seeds", type=int, default=3, help="final runs use seeds 1..N (the grid: seed 0)")
     p.add_argument("--iters", type=int, default=800)
-    p.add_argument("--figure-iters", nargs="*", default=[], metavar="FIG=N",
-                   help="per-figure --iters, e.g. fig4=400 fig5=400")
+    p.add_argument("--figure-steps", nargs="*", default=[], metavar="FIG=ITERS[,EVAL_EVERY]",
+                   help="per-figure --iters and --eval-every, e.g. fig4=300,10")
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--eval-every", type=int, default=50)
     p.add_argument("--out", type=Path, default=ROOT / "results" / "song_synthetic")
@@ -214,6 +238,8 @@ def main() -> None:
     grids, all_curves = [], []
     for figure in args.figures:   # outputs rewritten after each figure: a cut-short study keeps them
         grid, curves = study(figure, args)
+        if args.grid_only:
+            continue
         grids.append(grid)
         all_curves.append(curves)
         plot(figure, curves, args.out / f"{figure}.png")
