@@ -196,7 +196,7 @@ def make_f1_call(method, n, dtype, device, seed=0):
 
 def make_sparse_call(method, n, dtype, device, seed=0):
     """Random sparse LP (:func:`random_sparse_lp`): ``newton`` / ``newton_highs`` = ``solve_lp``
-    (default forward / ``forward="highs"``) fwd+bwd of ``sum(z * w)`` w.r.t. ``b``; ``highs`` =
+    (``forward="newton"`` / ``forward="highs"``) fwd+bwd of ``sum(z * w)`` w.r.t. ``b``; ``highs`` =
     HiGHS's forward alone on the prebuilt scipy matrices."""
     from solver import solve_lp
     c, A, b, A_eq, b_eq = random_sparse_lp(n, seed)
@@ -205,7 +205,9 @@ def make_sparse_call(method, n, dtype, device, seed=0):
     ct, bt, beq = (torch.tensor(v, dtype=dtype, device=device) for v in (c, b, b_eq))
     At, Aeq = torch_csr(A, dtype).to(device), torch_csr(A_eq, dtype).to(device)
     w = torch.randn(n, generator=torch.Generator().manual_seed(1), dtype=dtype).to(device)
-    kw = {"forward": "highs"} if method == "newton_highs" else {}
+    # "newton" names the Newton forward explicitly: the default forward="auto" sends these
+    # general LPs (n >= 256, CPU) to HiGHS, which is what newton_highs measures
+    kw = {"forward": "highs" if method == "newton_highs" else "newton"}
 
     def call():
         b_ = bt.clone().requires_grad_()
