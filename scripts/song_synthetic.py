@@ -1,8 +1,8 @@
 """Song et al. 2016's synthetic experiments (seed 003 §4.1 Fig. 3, App. 5.3 Figs. 4-5): nine
 methods, test AP and accuracy against iterations, step size by grid search on *training* AP.
 
-    python scripts/song_synthetic.py                      # grid + 3 seeds, all three figures
-    python scripts/song_synthetic.py --figures fig3 --iters 500 --seeds 1   # a quick look
+    python scripts/song_synthetic.py --figure-steps fig4=300,10 fig5=300,10   # results/song_synthetic/
+    python scripts/song_synthetic.py --figures fig3 --iters 200 --seeds 1 --out /tmp/song  # a quick look
 
 Protocol (what the paper states / what we chose):
 
@@ -13,11 +13,12 @@ Protocol (what the paper states / what we chose):
 * methods: ``objective=direct_loss`` with task_loss x update (the eight of §4.1) and ``ce``
   ("logistic"), built from ``configs/objective/*.yaml`` exactly as ``train.py`` builds them and
   called through the same ``objective(logits, labels)`` interface.
-* per method: each step size of ``--lrs`` trained once (seed 0); the one with the best final
-  training AP (paper: "determined via grid search to produce the best AP on the training set")
-  is then trained with seeds ``1..--seeds`` (init and batch order; the data are fixed).
+* per method: each step size of ``--lrs`` (times each ``--epsilons`` for the positive / negative
+  updates) trained once (seed 0); the setting with the best final training AP (paper: "determined
+  via grid search to produce the best AP on the training set") is then trained with seeds
+  ``1..--seeds`` (init and batch order; the data are fixed).
 * not in the paper (our choices): SGD with momentum 0.9, no weight decay, minibatch ``--batch-size``
-  (the task loss is per minibatch), ``--iters`` iterations, epsilon = 0.1 and margin = 1 from the
+  (the task loss is per minibatch), ``--iters`` iterations, the hinge's margin = 1 from the
   objective config. The figures' iteration count is not in the text.
 
 A small dedicated loop instead of ``train.py``: thousands of tiny steps per run, where train.py's
