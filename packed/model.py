@@ -106,6 +106,15 @@ def _alias(module: nn.Module, name: str, tensor: torch.Tensor, parameter: bool) 
         owner._buffers[leaf] = tensor
 
 
+def _own_storage(module, state_dict, prefix, local_metadata) -> None:
+    """State-dict hook of a packed model: its tensors are rows of the stacked storage, and
+    ``torch.save`` keeps a view's whole storage (a run's checkpoint would hold all N models), so
+    they are handed out as copies; ``keep_vars=True`` (the live Parameters) is left alone."""
+    for k, v in state_dict.items():
+        if k.startswith(prefix) and isinstance(v, torch.Tensor) and not isinstance(v, nn.Parameter):
+            state_dict[k] = v.clone()
+
+
 class _Float32BatchNorm(torch.overrides.TorchFunctionMode):
     """Under autocast, BatchNorm of the packed forward runs in float32 (input cast up, output
     cast back to the input's dtype). vmap's BatchNorm rule calls the native kernel, which on
@@ -160,6 +169,7 @@ class PackedModels:
             for k in buffer_names:
                 _alias(view, k, self.buffers[k][i], parameter=False)
             view.train(model.training)
+            view._register_state_dict_hook(_own_storage)
             self.models.append(view)
         self._skeleton.train(models[0].training)
 

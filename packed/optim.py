@@ -152,3 +152,13 @@ class PackedSGD:
                 continue   # torch.optim.SGD keeps no buffer without momentum
             for k, buf in self.momentum.items():
                 opt.state[self.packed.models[i].get_parameter(k)]["momentum_buffer"] = buf[i]
+            opt.register_state_dict_post_hook(_own_buffers)
+
+
+def _own_buffers(optimizer, state_dict: dict) -> dict:
+    """The momentum buffers of a saved optimizer state as copies: each is a row of the stacked
+    buffer, and ``torch.save`` of a view writes its whole storage (all N runs')."""
+    for state in state_dict["state"].values():
+        if isinstance(state.get("momentum_buffer"), torch.Tensor):
+            state["momentum_buffer"] = state["momentum_buffer"].clone()
+    return state_dict

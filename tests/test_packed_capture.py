@@ -375,3 +375,24 @@ def test_the_gpu_check_script_runs_on_the_cpu(tmp_path):
     assert [r["objective"] for r in rows] == ["ce", "ppd_sg"] and all("error" not in r for r in rows)
     assert rows[0]["pack_update"] and not rows[1]["pack_update"] and rows[1]["host_steps"] == 1
     assert all(r["loss_diff_vs_eager"] == 0.0 and r["param_diff_vs_eager"] == 0.0 for r in rows)
+
+
+def test_a_runs_checkpoint_holds_its_own_rows_not_the_pack(float64_default, tmp_path):
+    """torch.save of a view writes its whole storage: a packed run's model and momentum state
+    must come out as copies, or each run's last.pt would hold all N runs."""
+    _, stepper, *_ = sgd_runs([CrossEntropy()] * 4, pack_update=True)
+    (x, y), = data(4, 1)
+    stepper.step(x, y, 0)
+    model, opt = stepper.packed.models[0], stepper.optimizers[0]   # momentum 0.9
+    alone = MLP(2, SHAPE, hidden=[8])
+    sizes = {}
+    for name, state in (("packed", {"model": model.state_dict(), "optimizer": opt.state_dict()}),
+                        ("alone", {"model": alone.state_dict(), "optimizer": torch.optim.SGD(
+                            alone.parameters(), lr=0.1, momentum=0.9).state_dict()})):
+        torch.save(state, tmp_path / f"{name}.pt")
+        sizes[name] = (tmp_path / f"{name}.pt").stat().st_size
+    n_params = sum(p.numel() for p in alone.parameters())
+    assert sizes["packed"] < sizes["alone"] + 2 * 8 * n_params + 4096   # + its momentum, not 4x
+    saved = opt.state_dict()["state"][0]["momentum_buffer"]
+    assert saved.untyped_storage().nbytes() == saved.numel() * saved.element_size()
+    assert torch.equal(model.state_dict()["1.weight"], model.get_parameter("1.weight").detach())
