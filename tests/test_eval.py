@@ -71,7 +71,7 @@ def test_binary_run(runs):
     assert json.loads((run / "eval_test.json").read_text()) == record
     assert record["step"] == 80 and record["split"] == "test" and record["task"] == "binary"
     assert record["num_samples"] == len(made["bundle"].test)
-    assert set(record["metrics"]) == {"auc", "ap", "f1", "acc"}
+    assert set(record["metrics"]) == {"auc", "ap", "f1", "acc", "mcc", "jaccard", "eer"}
     assert record["metrics"] == pytest.approx(_direct_metrics(made), abs=1e-6)
     assert record["metrics"]["auc"] > 0.9  # a trained model: labels and logits line up
     assert (run / "roc_test.png").read_bytes()[:8] == PNG_MAGIC
