@@ -9,7 +9,10 @@ through :meth:`train.Run.results` -- ``train.py`` runs, packed and campaign runs
      "device_name": "NVIDIA H100 80GB HBM3",    # the GPU the run used, else the CPU model
      "cpu_count": 16, "python": "3.11.9"}
 
-The repository is the one holding this file (the code that ran), not the working directory a
+A copy of the code without its ``.git`` (the tree a lent GPU machine receives) names its commit
+through a stamp written beside this file before the copy leaves: ``python provenance.py stamp``
+writes ``.code_version.json`` (git-ignored; carry it into the device call), read only when git
+cannot answer. The repository is the one holding this file (the code that ran), not the working directory a
 run was launched from. Untracked files under ``results/``, ``outputs/`` and ``multirun/`` do not
 make the tree dirty: runs write there while the code is unchanged. The git part is read once per
 process (a packed launcher writes hundreds of results.json), the device name once per device.
@@ -23,6 +26,7 @@ Example::
 from __future__ import annotations
 
 import functools
+import json
 import os
 import platform
 import subprocess
@@ -66,14 +70,41 @@ def is_dirty(porcelain_z: str) -> bool:
     return False
 
 
-@functools.lru_cache(maxsize=None)
-def code_version(folder: Path = CODE_DIR) -> tuple[str, bool | None]:
-    """``(commit, dirty)`` of the repository holding ``folder``; ``("unknown", None)`` outside one."""
+STAMP = ".code_version.json"   # written by ``stamp``; a tree copied without .git reads it
+
+
+def _git_version(folder: Path) -> tuple[str, bool | None]:
     head = _git(folder, "rev-parse", "HEAD")
     if not head or not head.strip():
         return UNKNOWN, None
     status = _git(folder, "status", "--porcelain", "-z")
     return head.strip(), None if status is None else is_dirty(status)
+
+
+@functools.lru_cache(maxsize=None)
+def code_version(folder: Path = CODE_DIR) -> tuple[str, bool | None]:
+    """``(commit, dirty)`` of the repository holding ``folder``; without git, the stamp beside it
+    (``python provenance.py stamp``); ``("unknown", None)`` when neither answers."""
+    commit, dirty = _git_version(folder)
+    stamp = Path(folder) / STAMP
+    if commit == UNKNOWN and stamp.is_file():
+        try:
+            saved = json.loads(stamp.read_text())
+            return str(saved["git_commit"]), saved.get("git_dirty")
+        except (ValueError, KeyError, TypeError):   # a damaged stamp names nothing
+            return UNKNOWN, None
+    return commit, dirty
+
+
+def stamp(folder: Path = CODE_DIR) -> dict[str, Any]:
+    """Write ``folder/.code_version.json`` from git, for a copy of the tree that travels without
+    ``.git``; refuses outside a repository (a stamp of "unknown" would hide the problem)."""
+    commit, dirty = _git_version(Path(folder))
+    if commit == UNKNOWN:
+        raise RuntimeError(f"{folder} is not a git checkout (or git is missing): nothing to stamp")
+    saved = {"git_commit": commit, "git_dirty": dirty}
+    (Path(folder) / STAMP).write_text(json.dumps(saved) + "\n")
+    return saved
 
 
 def cpu_model() -> str:
@@ -103,3 +134,10 @@ def record(device: torch.device | str = "cpu", folder: Path = CODE_DIR) -> dict[
     return {"git_commit": commit, "git_dirty": dirty, "torch": str(torch.__version__),
             "cuda": torch.version.cuda, "device_name": device_name(str(device)),
             "cpu_count": os.cpu_count(), "python": platform.python_version()}
+
+
+if __name__ == "__main__":   # python provenance.py stamp: before copying the tree to a lent machine
+    import sys
+    if sys.argv[1:] != ["stamp"]:
+        sys.exit("usage: python provenance.py stamp")
+    print(json.dumps(stamp()))

@@ -2,6 +2,7 @@
 # The campaign's one device command (issue 17): the next queued runs of the paper's tables that
 # fit this command, trained to their full 40k steps as packs; metrics only. See scripts/campaign.py.
 #
+#   (here, before: python provenance.py stamp -- carry .code_version.json, .whl and the data pack)
 #   OUT=<folder> DATA_ROOT=<folder with the data pack> bash scripts/gpu_campaign.sh
 #   (here, afterwards: python scripts/campaign.py fold <returned OUT>; then commit results/paper_tables)
 #
@@ -14,15 +15,9 @@
 # Hydra/OmegaConf missing on the machine: wheels from .whl/ (scripts/device_env.sh).
 # Leaves under OUT only: machine.txt, plan.json, runs.jsonl.gz, campaign.log.
 set -u
-OUT=${OUT:?set OUT}; PY=${PY:-python3}; BUDGET=${BUDGET:-480}
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
-export PYTHONUNBUFFERED=1 WANDB_MODE=disabled
-mkdir -p "$OUT"
-. "$ROOT/scripts/device_env.sh"
-{ date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null \
-    || echo "no nvidia-smi"; (cd "$ROOT" && $PY -c "import json, hydra, provenance; \
-print('hydra', hydra.__version__, json.dumps(provenance.record('cuda' if provenance.torch.cuda.is_available() else 'cpu')))"); } \
-    > "$OUT/machine.txt" 2>&1
+. "$(dirname "$0")/device_env.sh"   # OUT, PY, ROOT, wheels, machine_txt
+BUDGET=${BUDGET:-480}
+machine_txt "$OUT/machine.txt"
 set -f   # word lists below, never globs (an override like x=[1,2] stays as typed)
 read -r -a extra <<< "${EXTRA:-}"
 timeout --signal=TERM $((${BUDGET%.*} + 40)) $PY "$ROOT/scripts/campaign.py" --dir "${CAMPAIGN_DIR:-$ROOT/results/paper_tables}" \

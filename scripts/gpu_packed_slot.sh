@@ -15,11 +15,8 @@
 #   python scripts/bench_packed.py --render <files>/bench.json --out results/packed_bench/gpu
 #   python scripts/gpu_tables.py unpack <files>/tables/runs.jsonl.gz --into results/gpu_tables/<name>/runs
 set -u
-OUT=${OUT:?set OUT}; PY=${PY:-python3}
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
-export PYTHONUNBUFFERED=1 WANDB_MODE=disabled DEVICE=${DEVICE:-cuda}
-mkdir -p "$OUT"
-. "$ROOT/scripts/device_env.sh"
+. "$(dirname "$0")/device_env.sh"   # OUT, PY, ROOT, wheels, machine_txt
+export DEVICE=${DEVICE:-cuda}
 cd "$ROOT"
 exec > >(tee "$OUT/slot.log") 2>&1
 start=$(date +%s)

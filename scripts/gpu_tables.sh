@@ -14,18 +14,9 @@
 # tables.md, gpu_tables.log. Here: python scripts/gpu_tables.py unpack OUT/runs.jsonl.gz --into <dir>.
 set -u
 DATASET=${1:?usage: OUT=... bash scripts/gpu_tables.sh cifar10|catdog}
-OUT=${OUT:?set OUT}; PY=${PY:-python3}; BUDGET=${BUDGET:-480}
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
-export PYTHONUNBUFFERED=1 WANDB_MODE=disabled
-mkdir -p "$OUT"
-. "$ROOT/scripts/device_env.sh"
-{ date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null \
-    || echo "no nvidia-smi"; $PY -c "import sys, torch, hydra; \
-print('python', sys.version.split()[0], 'torch', torch.__version__, 'hydra', hydra.__version__, \
-'cuda', torch.cuda.is_available() and torch.cuda.get_device_name())"; \
-(cd "$ROOT" && echo "code $(git rev-parse --short HEAD 2>/dev/null || echo 'not a git checkout')$(git diff \
-    --quiet HEAD -- . ':!results' 2>/dev/null || echo ' + uncommitted changes outside results/')"); } \
-    > "$OUT/machine.txt" 2>&1
+. "$(dirname "$0")/device_env.sh"   # OUT, PY, ROOT, wheels, machine_txt
+BUDGET=${BUDGET:-480}
+machine_txt "$OUT/machine.txt"
 set -f   # word lists below, never globs (an override like x=[1,2] stays as typed)
 read -r -a seeds <<< "${SEEDS:-0 1 2}"; read -r -a lrs <<< "${LRS:-0.1 0.01 0.001}"
 read -r -a extra <<< "${EXTRA:-}"

@@ -52,6 +52,7 @@ def test_without_git_the_run_still_writes_unknown(compose_cfg, tmp_path, monkeyp
 
     provenance.code_version.cache_clear()
     monkeypatch.setattr(provenance.subprocess, "run", no_git)
+    monkeypatch.setattr(provenance, "STAMP", "no-such-stamp.json")   # a stamp left by a device call
     try:
         train.train(compose_cfg(SHORT), tmp_path)
     finally:
@@ -82,3 +83,38 @@ def test_packed_runs_record_it_too(compose_cfg, tmp_path):
         rec = json.loads((job.run_dir / "results.json").read_text())["provenance"]
         assert out["packed"]["size"] == 2 and set(rec) == set(provenance.KEYS)
         assert rec["device_name"] == provenance.cpu_model()
+
+
+def test_a_copy_without_git_names_its_commit_through_the_stamp(tmp_path, monkeypatch):
+    """A lent GPU machine gets the tree without .git: the stamp written here travels with it."""
+    provenance.code_version.cache_clear()
+    saved = json.loads((_stamped_copy(tmp_path) / provenance.STAMP).read_text())
+    try:
+        rec = provenance.record("cpu", folder=tmp_path / "copy")
+    finally:
+        provenance.code_version.cache_clear()
+    assert saved["git_commit"] == rec["git_commit"] != "unknown"
+    assert rec["git_dirty"] == saved["git_dirty"]
+    (tmp_path / "copy" / provenance.STAMP).write_text("{not json")
+    try:
+        assert provenance.code_version(tmp_path / "copy") == ("unknown", None)
+    finally:
+        provenance.code_version.cache_clear()
+    with pytest.raises(RuntimeError, match="not a git checkout"):
+        provenance.stamp(tmp_path / "copy")
+
+
+def _stamped_copy(tmp_path):
+    """A one-commit repository at tmp_path/repo, stamped; its stamp copied to tmp_path/copy."""
+    import shutil
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / "a.py").write_text("x = 1\n")
+    subprocess.run(git + ["add", "a.py"], check=True)
+    subprocess.run(git + ["commit", "-qm", "one"], check=True)
+    provenance.stamp(repo)
+    (tmp_path / "copy").mkdir()
+    shutil.copy(repo / provenance.STAMP, tmp_path / "copy" / provenance.STAMP)
+    return repo
