@@ -113,8 +113,10 @@ def main():
                         args.repeats)
         print(f"{name:8} {'HiGHS forward':24} {1e3 * th:9.1f} {1.0:8.2f}")
         w = torch.tensor(np.random.default_rng(1).standard_normal(len(c)))
-        variants = [(f"newton {s}", dict(linear_solver=s)) for s in args.solvers.split(",")]
-        variants += [(f"newton eps_warmup={w}", dict(eps_warmup=float(w)))
+        # forward="newton" explicitly: the default "auto" hands large general LPs to HiGHS
+        variants = [(f"newton {s}", dict(forward="newton", linear_solver=s))
+                    for s in args.solvers.split(",")]
+        variants += [(f"newton eps_warmup={w}", dict(forward="newton", eps_warmup=float(w)))
                      for w in args.eps_warmup.split(",") if w]
         if args.highs_forward:
             variants.append(("forward=highs", dict(forward="highs")))
