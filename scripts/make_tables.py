@@ -207,12 +207,16 @@ def load(folders: list[Path], table: Table, lr_rule: str, log, select: str = "fi
             skipped[f"unreadable (need 'config' and 'final': {type(err).__name__})"].append(path)
             continue
         task = cfg.get("dataset.task", "binary")
+        missing = f"no {test_key} in final"
         if select != "final" and final.get(test_key) is not None:
             final[test_key], final[val_key] = selected(res, path.parent, table.metric, select)
+            missing = (f"--select {select}: no evaluation has both {test_key} and {val_key} (a run "
+                       "without a validation split, e.g. dataset.split=authors, has nothing to "
+                       "select on: use --select final)")
         if task != table.task:
             skipped[f"task={task}, this table is task={table.task}"].append(path)
         elif final.get(test_key) is None:
-            skipped[f"no {test_key} in final"].append(path)
+            skipped[missing].append(path)
         elif lr_rule != "none" and final.get(val_key) is None:
             skipped[f"no {val_key} in final (needed to pick the lr; or use --lr-rule none)"].append(path)
         elif any(k not in cfg for k in where_keys):

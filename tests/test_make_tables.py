@@ -283,3 +283,18 @@ def test_code_versions_are_listed_and_a_cell_of_two_commits_gets_a_dagger(tmp_pa
     assert lines[-1] == "code versions: aaaaaaa(1 run), bbbbbbb+dirty(1 run), unrecorded(1 run)."
     assert "| auc_lp | 71.0 ± 1.4 (n=2) † [paper 72.5] |" in lines and "| ce | 60.0 (n=1) [paper 65.2] |" in lines
     assert "†: the cell's runs come from more than one code version." in lines
+
+
+def test_select_on_a_run_without_validation_says_why_it_is_not_placed(tmp_path, capsys):
+    """dataset.split=authors runs have no val_ metrics: best-val has nothing to select on."""
+    run = fake_run(tmp_path / "authors", test=0.70)
+    (run / "metrics.csv").write_text("step,test_auc\n400,0.66\n800,0.70\n")
+    res = json.loads((run / "results.json").read_text())
+    del res["final"]["val_auc"]
+    res["best_val"] = None
+    (run / "results.json").write_text(json.dumps(res))
+    with pytest.raises(SystemExit):
+        table(capsys, tmp_path, "--select", "best-val", "--lr-rule", "none")
+    assert "--select best-val: no evaluation has both test_auc and val_auc" in capsys.readouterr().err
+    lines, _ = table(capsys, tmp_path, "--lr-rule", "none")   # the final evaluation still places it
+    assert lines[-1] == "| auc_lp | 70.0 (n=1) [paper 72.5] |"
