@@ -6,12 +6,19 @@
 * ``sparse``: a random sparse LP, ``n = 500``, ``m = 1,001`` (501 random rows of density 5e-3
   plus the box ``z <= 3``), ``c`` normal, feasible by construction (``box_lp`` of the tests).
 
+* ``ones``: the ``sparse`` LP with its last random row replaced by a ones-row (budget
+  ``1^T z <= s``; issue 20's instance, ``m = 1,001``): ``A^T W A`` is dense, so the active-set
+  recovery factorises the active rows by a sparse LU (``solver/active_lu.py``).
+
 Each row times fwd+bwd (``(z * w).sum().backward()``) of ``solve_lp`` under one
 ``linear_solver`` setting, the median of ``--repeats`` calls, and HiGHS's forward alone
-(``scipy.optimize.linprog(method="highs")``), in float64 on one CPU thread.  Run:
+(``scipy.optimize.linprog(method="highs")``), in float64 on one CPU thread; the ratio
+``/HiGHS`` divides by HiGHS timed alternately with that row (same load).  Run:
 
     OMP_NUM_THREADS=1 python scripts/time_sparse_lp.py [--repeats 3] [--solvers cholesky,auto]
         [--eps-warmup 0,1,10]   # Newton steps and time with and without the eps warm-up
+    OMP_NUM_THREADS=1 python scripts/time_sparse_lp.py --cases ones,sparse --solvers "" \
+        --highs-forward --without-lu --repeats 41   # forward='highs' + backward vs HiGHS
 """
 from __future__ import annotations
 
@@ -28,7 +35,9 @@ import torch
 from scipy.optimize import linprog
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from solver import solve_lp  # noqa: E402
+from solver import active_lu, solve_lp  # noqa: E402
+
+LU_MIN_N = active_lu.ACTIVE_LU_MIN_N
 
 warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
 
@@ -40,10 +49,14 @@ def auc_lp(pairs=1024, eps=0.01, seed=0):
     return np.ones(pairs), A, d - eps
 
 
-def random_sparse_lp(n=500, m0=501, density=5e-3, seed=0):
+def random_sparse_lp(n=500, m0=501, density=5e-3, seed=0, ones_row=False):
+    """``ones_row``: the last of the ``m0`` random rows is replaced by the budget row
+    ``1^T z <= 1^T z0 + slack`` (issue 20's instance: it makes ``A^T W A`` dense)."""
     g = np.random.default_rng(seed)
-    A0 = sp.random(m0, n, density=density, random_state=g, data_rvs=g.standard_normal,
-                   format="csr")
+    A0 = sp.random(m0 - ones_row, n, density=density, random_state=g,
+                   data_rvs=g.standard_normal, format="csr")
+    if ones_row:
+        A0 = sp.vstack([A0, sp.csr_matrix(np.ones((1, n)))], format="csr")
     z0 = g.uniform(0, 1, n)
     b0 = A0 @ z0 + g.uniform(0, 1, m0)
     A = sp.vstack([A0, sp.identity(n)], format="csr")
@@ -63,6 +76,20 @@ def timed(fn, repeats):
         out = fn()
         times.append(time.perf_counter() - t0)
     return statistics.median(times), out
+
+
+def timed_pair(base, fn, repeats):
+    """Medians of ``base`` and ``fn`` called alternately (same load for both: the ratio of a
+    side-by-side pair is what the issue's targets are about)."""
+    tb, tf, out = [], [], None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        base()
+        t1 = time.perf_counter()
+        out = fn()
+        tb.append(t1 - t0)
+        tf.append(time.perf_counter() - t1)
+    return statistics.median(tb), statistics.median(tf), out
 
 
 def ours(c, A, b, w, **kw):
@@ -94,17 +121,22 @@ def main():
     ap.add_argument("--solvers", default="cholesky,auto",
                     help="linear_solver settings to time (cholesky: what auto picked before "
                          "the sparse factorisation; auto: what it picks now)")
-    ap.add_argument("--cases", default="auc,sparse")
+    ap.add_argument("--cases", default="auc,sparse",
+                    help="auc, sparse, ones (the sparse LP with a ones-row, issue 20)")
     ap.add_argument("--eps-warmup", default="",
                     help="comma list of eps_warmup values, each timed with linear_solver=auto "
                          "(0: no warm-up, the eps loop before issue 11 item 2)")
     ap.add_argument("--highs-forward", action="store_true",
                     help="also time forward='highs' (fwd+bwd)")
+    ap.add_argument("--without-lu", action="store_true",
+                    help="also time forward='highs' with the sparse active-set LU switched off "
+                         "(the normal-equations recovery it replaced)")
     ap.add_argument("--cvxpylayers", action="store_true",
                     help="also time cvxpylayers (SCS) fwd+bwd on the AUC LP")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    cases = {"auc": auc_lp, "sparse": random_sparse_lp}
+    cases = {"auc": auc_lp, "sparse": random_sparse_lp,
+             "ones": lambda: random_sparse_lp(ones_row=True)}
     print(f"{'case':8} {'variant':24} {'ms':>9} {'/HiGHS':>8} {'Newton':>7} {'solver':>9}  "
           f"objective error")
     for name in args.cases.split(","):
@@ -115,16 +147,25 @@ def main():
         w = torch.tensor(np.random.default_rng(1).standard_normal(len(c)))
         # forward="newton" explicitly: the default "auto" hands large general LPs to HiGHS
         variants = [(f"newton {s}", dict(forward="newton", linear_solver=s))
-                    for s in args.solvers.split(",")]
+                    for s in args.solvers.split(",") if s]
         variants += [(f"newton eps_warmup={w}", dict(forward="newton", eps_warmup=float(w)))
                      for w in args.eps_warmup.split(",") if w]
         if args.highs_forward:
             variants.append(("forward=highs", dict(forward="highs")))
+        if args.without_lu:
+            variants.append(("forward=highs, no LU", dict(forward="highs")))
         for label, kw in variants:
-            t, sol = timed(ours(c, A, b, w, **kw), args.repeats)
+            # "no LU": the recovery's least-squares path (normal equations), as before issue 20
+            active_lu.ACTIVE_LU_MIN_N = 10 ** 9 if label.endswith("no LU") else LU_MIN_N
+            # HiGHS alone is timed again, interleaved with this variant: ratio under one load
+            th_pair, t, sol = timed_pair(
+                lambda: linprog(c, A_ub=A, b_ub=b, bounds=(0, None), method="highs"),
+                ours(c, A, b, w, **kw), args.repeats)
             err = abs(float(sol.value.detach()) - res.fun) / (1 + abs(res.fun))
-            print(f"{name:8} {label:24} {1e3 * t:9.1f} {t / th:8.2f} "
-                  f"{sol.stats['iterations']:7d} {sol.stats['linear_solver']:>9}  {err:.1e}")
+            print(f"{name:8} {label:24} {1e3 * t:9.1f} {t / th_pair:8.2f} "
+                  f"{sol.stats['iterations']:7d} {sol.stats['linear_solver']:>9}  {err:.1e}  "
+                  f"(HiGHS alongside {1e3 * th_pair:.1f} ms; K_T: "
+                  f"{sol.stats.get('active_factor', '-')})")
         if args.cvxpylayers and name == "auc":
             t, value = timed(cvxpylayers_auc(c, b, w), args.repeats)
             err = abs(value - res.fun) / (1 + abs(res.fun))

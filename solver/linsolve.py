@@ -25,6 +25,12 @@ option: with the Jacobi preconditioner it took 390 CG iterations per Newton step
 (``n = 500``, density 5e-3): ``delta`` is 1e-10 relative, so ``K`` is as ill-conditioned as
 ``A^T W A``, and a diagonal preconditioner does not fix that.
 
+The minimum-norm solves of the recovery and the active-set backward (``pinv=True``) of a CPU
+LP with sparse ``A``/``A_eq``: when the active system is square and nonsingular they use one
+sparse LU of the active rows, ``K_T^{-1} = M^{-1} M^{-T}`` (:mod:`solver.active_lu`), whatever
+``method`` is (``"cholesky"``/``"sparse"``): ``K_T`` is dense as soon as one active row is,
+``M`` never is; ``factor_kind`` (``stats["active_factor"]``) says which ran.
+
 Choice (``linear_solver="auto"``, :func:`choose_method`): diagonal when the gram is diagonal
 (a diagonal operator, or a sparse ``A`` with at most one nonzero per row);
 ``"sparse"`` on the CPU when ``A`` (and ``A_eq``) are sparse/structured, ``n >= SPARSE_MIN_N``
@@ -41,6 +47,7 @@ import torch
 
 from solver.errors import LPInputError
 from solver.scipy_ops import gram_nnz, row_counts
+from solver import active_lu
 from solver.sparse_factor import SparseFactors
 
 # below this n the batched dense Cholesky is as fast (fwd+bwd of random sparse LPs, one
@@ -170,6 +177,10 @@ class NewtonSystem:
         self.cg_tol, self.cg_max_iter = cg_tol, cg_max_iter
         self.cg_iterations = 0
         self._factor = None
+        # the minimum-norm solves of a square active system of a sparse LP: sparse LU of the
+        # active rows (solver.active_lu) instead of the normal equations; tried on first solve
+        self._lu = None if pinv and method in ("cholesky", "sparse") else False
+        self.factor_kind = method
 
     # -- products -------------------------------------------------------------------------
     def matvec(self, x):
@@ -206,6 +217,13 @@ class NewtonSystem:
     def solve(self, r):
         if self.method == "diagonal":
             return self._solve_diagonal(r)
+        if self._lu is None:
+            self._lu = (active_lu.eligible(self.prob)
+                        and active_lu.ActiveLU.build(self.prob, self.wA, self.wz)) or False
+            if self._lu:
+                self.factor_kind = "active_lu"
+        if self._lu:
+            return self._lu.solve(r)
         if self.method == "cholesky":
             return self._solve_pinv(r) if self.pinv else self._solve_cholesky(r)
         if self.method == "sparse":

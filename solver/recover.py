@@ -92,6 +92,8 @@ def _solve_active(prob, zp, wA, wz, method, cg_tol, cg_max_iter, refine=2):
     system = NewtonSystem(prob, wA, wz, torch.zeros_like(prob.c_scale), method, pinv=True,
                           cg_tol=cg_tol, cg_max_iter=cg_max_iter)
     z = zp - system.solve(prob.normal_residual(zp, wA, wz))
+    if system._lu:            # square active rows by LU (solver.active_lu): backward stable
+        refine = min(refine, 1)
     if method != "diagonal":  # iterative refinement (normal equations; diagonal: exact)
         for _ in range(refine):
             z = z - system.solve(prob.normal_residual(z, wA, wz))

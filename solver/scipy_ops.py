@@ -10,6 +10,7 @@ torch products, never through these copies.
 """
 from __future__ import annotations
 
+import numpy as np
 import scipy.sparse as sp
 import torch
 
@@ -27,7 +28,14 @@ def to_scipy(op: LinearOperator, i: int = 0, sparse: bool = False):
     if isinstance(op, SparseOperator):
         keep = slice(None) if op.bidx is None else (op.bidx == i)
         rows, cols = (t[keep].detach().cpu().numpy() for t in (op.row, op.col))
-        return sp.csr_matrix((_np(op.values[keep]), (rows, cols)), shape=op.shape)
+        vals = _np(op.values[keep])
+        key = rows.astype(np.int64) * op.shape[1] + cols
+        if key.size and bool((np.diff(key) > 0).all()):
+            # coalesced (row-major, no duplicates; what from_torch makes): the CSR arrays
+            # directly, without the COO -> CSR sort
+            indptr = np.searchsorted(rows, np.arange(op.shape[0] + 1))
+            return sp.csr_matrix((vals, cols, indptr), shape=op.shape)
+        return sp.csr_matrix((vals, (rows, cols)), shape=op.shape)
     if isinstance(op, DiagonalOperator):
         d = op.d if op.d.dim() == 1 else op.d[i]
         return sp.diags(_np(d), format="csr")
@@ -47,6 +55,9 @@ def host_matrix(prob, name: str, i: int = 0, sparse: bool = False):
     """``to_scipy(prob.<name>, i)``, cached on the problem (its data are constant during a
     solve; an unbatched operator is converted once for the whole batch)."""
     op = getattr(prob, name)
+    # these come back sparse whatever ``sparse`` says: one cached copy serves both callers
+    sparse = sparse or isinstance(op, (SparseOperator, DiagonalOperator, VStackOperator,
+                                       HStackOperator))
     key = (name, 0 if op.batch_size is None else i, sparse)
     cache = prob.__dict__.setdefault("_host_matrices", {})
     if key not in cache:

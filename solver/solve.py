@@ -246,6 +246,9 @@ def _stats(prob, run, method, seconds, forward="newton"):
              "eps": vals[7],
              "eps_steps": int(vals[8]),
              "linear_solver": method,
+             # the recovery's / backward's K_T solver: "active_lu" (sparse LU of the square
+             # active rows, solver.active_lu) or the linear_solver's least-squares path
+             "active_factor": getattr(rec.system, "factor_kind", method),
              "forward": forward,
              "cg_iterations": int(run["cg_iterations"]),
              "batch_size": prob.B,
