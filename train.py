@@ -49,12 +49,21 @@ from builders import (autocast_dtype, build_model, build_scheduler, instantiate_
 from data import build_data
 from data.stream import STREAM_VERSION, BatchStream
 from data.errors import DamagedDatasetError, DatasetNotFoundError, SplitError
+from objectives.base import draws_batches
 from guards import (DegenerateBatchesError, DegenerateBatchesWarning, NonFiniteLossError,  # noqa: F401
                     check_degenerate, degenerate_summary, nonfinite_message)
 from validate import ConfigError, validate
 
 PRIMARY_METRIC = {"binary": "auc", "multiclass": "auc_mu"}
 TIMED_PHASES = ("data", "forward", "loss", "backward", "optimizer")
+#: seed offset of the side stream, the second batch stream of the train split that an objective
+#: declaring ``on_step_end(draw_batch=...)`` samples (the learned surrogate's K_beta steps,
+#: Algorithm 1 line 9). A stream of its own, so the main stream, and every other objective's run,
+#: is unchanged; a pure function of ``(seed, its step)`` like the main one, so resumes and reruns
+#: repeat it. The offset is far from any run seed: the side stream of seed s is the main stream
+#: of seed s + 10**6, which no run uses, and its shuffles (generator ``seed * 100003 + epoch``)
+#: meet a main stream's of a seed below s + 10**6 only past that stream's epoch 100003
+SIDE_STREAM_SEED_OFFSET = 10**6
 
 
 class CheckpointFallbackWarning(UserWarning):
@@ -195,6 +204,9 @@ class Run:
     rows: list = field(default_factory=list)
     best: dict | None = None
     ckpt_step: int | None = None
+    #: the side stream (:data:`SIDE_STREAM_SEED_OFFSET`) where the objective draws batches; its
+    #: position is checkpointed so a resumed run draws what the uninterrupted one would
+    side_stream: Any = None
 
     @property
     def primary(self) -> str:
@@ -250,7 +262,8 @@ class Run:
             {"step": step, "model": self.model.state_dict(), "objective": self.objective.state_dict(),
              "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
              "rows": self.rows, "best": self.best, "timings": timings, "rng": (rng or rng_state)(),
-             "config": self.resolved, "launches": self.launches, "hydra_files": self.hydra_files},
+             "config": self.resolved, "launches": self.launches, "hydra_files": self.hydra_files,
+             **({"side_stream_step": self.side_stream.step} if self.side_stream is not None else {})},
             run_dir)
         self.ckpt_step = step
         return row
@@ -338,6 +351,12 @@ def train(cfg: DictConfig, run_dir: Path, choices: dict[str, str] | None = None)
     run.logger = instantiate(cfg.logger, _partial_=True)(run_dir=str(run_dir), config=run.resolved)
     try:
         stream = BatchStream(run.bundle.train, cfg.trainer.batch_size, cfg.seed, start_step=step)
+        hook_kwargs = {}
+        if draws_batches(objective):   # a checkpoint from before the side stream: from its start
+            run.side_stream = BatchStream(run.bundle.train, cfg.trainer.batch_size,
+                                          cfg.seed + SIDE_STREAM_SEED_OFFSET,
+                                          start_step=ckpt.get("side_stream_step", 0) if ckpt else 0)
+            hook_kwargs["draw_batch"] = lambda: tuple(t.to(device) for t in next(run.side_stream))
         losses: list[float] = []
         model.train()
         bar = tqdm(total=cfg.trainer.max_steps, initial=step, desc="train", dynamic_ncols=True,
@@ -369,7 +388,7 @@ def train(cfg: DictConfig, run_dir: Path, choices: dict[str, str] | None = None)
             timer.lap("backward")
             optimizer.step()
             scheduler.step()
-            objective.on_step_end(step=step, model=model, optimizer=optimizer, batch=(x, y))
+            objective.on_step_end(step=step, model=model, optimizer=optimizer, batch=(x, y), **hook_kwargs)
             timer.lap("optimizer")
             step += 1
             losses.append(loss.item())

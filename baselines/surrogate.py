@@ -31,13 +31,17 @@ As in the paper (the defaults):
   §4.1 (Adam, :math:`\eta_\alpha = 10^{-5}`, the same clipping) belongs to the run's optimizer and
   ``trainer.max_grad_norm=1e-5``, which this objective does not own.
 
-Departures (named options; the first is forced by the trainer's hook, the rest are ours):
+Batches of the surrogate steps: as Algorithm 1 (line 9), each of the :math:`K_\beta` steps draws
+a new batch, through the ``draw_batch`` callable ``train.py`` passes to :meth:`on_step_end`: the
+next batch of a second, independently seeded stream of the training split (``train.py``'s
+``SIDE_STREAM_SEED_OFFSET``), so the model's own batches are those of any other objective's run
+with the same seed, and the stream's position is checkpointed (a resumed run draws the same
+batches). Without ``draw_batch`` (a caller of the hook that has no second stream; the packed
+launcher refuses these runs) the steps cycle through the inputs of the round's :math:`K_\alpha`
+training batches, re-scored at the updated model: fresh scores, reused inputs.
 
-* Batches of the surrogate steps: Algorithm 1 draws a new batch for each of the :math:`K_\beta`
-  steps. :meth:`on_step_end` does so when the trainer passes ``draw_batch`` (a callable returning
-  ``(x, y)`` from the training split); the trainer does not pass it today, so the steps cycle
-  through the inputs of the round's :math:`K_\alpha` training batches, re-scored at the updated
-  model: fresh scores, reused inputs.
+Departures (ours):
+
 * ``beta_scores=stale``: the steps reuse the scores the :math:`K_\alpha` training forward passes
   produced (detached), up to :math:`K_\alpha` model steps old: no extra forward pass, no BatchNorm
   handling. The choice before issue 19.
@@ -55,7 +59,9 @@ Departures (named options; the first is forced by the trainer's hook, the rest a
   :math:`\hat y_i \sim \mathcal N(\mu y_i, 1)`, :math:`\mu \sim U(-m, m)`, so SL-U also sees
   AUCs far from 1/2 (0 = the paper's eq. (3)).
 * The surrogate Adam's state travels in ``state_dict`` (``_extra_state``) for resumes; the
-  round's cached batches do not, so a run resumed mid-round fits its first round on fewer batches.
+  round's cached batches do not, so under ``beta_scores=stale`` (or without ``draw_batch``) a run
+  resumed mid-round fits its first round on fewer batches (with ``draw_batch`` the cache is not
+  read, and a resumed run is bit-identical to an uninterrupted one).
 
 Example::
 
@@ -224,8 +230,9 @@ class LearnedSurrogate(Objective):
                     draw_batch: Callable[[], tuple[torch.Tensor, torch.Tensor]] | None = None) -> None:
         """Count the model step; after every ``k_alpha``-th, the ``k_beta`` surrogate steps.
 
-        ``draw_batch`` (optional; the trainer does not pass it yet) returns a new training batch
-        ``(x, y)`` for each surrogate step, as Algorithm 1, line 10 samples one."""
+        ``draw_batch`` (``train.py`` passes it: :func:`objectives.base.draws_batches`) returns a
+        new training batch ``(x, y)`` for each surrogate step, as Algorithm 1, line 9 samples one;
+        without it the steps reuse the round's inputs. ``beta_scores=stale`` never calls it."""
         self._model_steps += 1
         if self.mode == "universal":
             return

@@ -7,6 +7,7 @@ so it never branches on which objective it runs.
 """
 from __future__ import annotations
 
+import inspect
 from collections import defaultdict
 
 import torch
@@ -21,7 +22,10 @@ class Objective(nn.Module):
     * :meth:`extra_param_groups` -- optimizer parameter groups owned by the objective
       (added beside the model's parameters; extra keys in a group are passed to the optimizer).
     * :meth:`on_step_end` -- called after ``optimizer.step()`` with the step number, model,
-      optimizer and the batch just used.
+      optimizer and the batch just used. An override that declares a ``draw_batch`` keyword
+      (:func:`draws_batches`) is also given a callable returning a new training batch ``(x, y)``
+      from a second batch stream of its own (``train.py``), e.g. for the learned surrogate's
+      K_beta steps; the others are called without it.
     * :meth:`pop_stats` -- diagnostics averaged since the last call (e.g. solver iterations); the
       trainer writes them to ``metrics.csv`` at every evaluation.
 
@@ -114,3 +118,10 @@ class Objective(nn.Module):
         self._stat_sums.clear()
         self._stat_counts.clear()
         return {k: sums[k] / counts[k] for k in self._stat_order if counts.get(k)}   # first-recorded order
+
+
+def draws_batches(objective) -> bool:
+    """Whether ``objective.on_step_end`` declares a ``draw_batch`` keyword (a sampler of new
+    training batches that the trainer then passes; ``**kwargs`` does not count)."""
+    params = inspect.signature(objective.on_step_end).parameters
+    return "draw_batch" in params and params["draw_batch"].kind is not inspect.Parameter.VAR_KEYWORD

@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from objectives.base import draws_batches
 from packed.model import PackedModels
 from packed.optim import PackedSGD, unsupported
 
@@ -120,6 +121,13 @@ class PackedStep:
         self.max_grad_norm = list(self.max_grad_norm or [None] * n)
         if len(self.max_grad_norm) != n:
             raise ValueError(f"max_grad_norm has {len(self.max_grad_norm)} entries for {n} runs")
+        # train.py hands such objectives new batches from a side stream (on_step_end(draw_batch=));
+        # a pack has none, and its runs must be their train.py twins: refused, not a silent fallback
+        wants = [f"run {i} ({type(o).__name__})" for i, o in enumerate(self.objectives) if draws_batches(o)]
+        if wants:
+            raise ValueError(f"{', '.join(wants)}: the objective draws new training batches in "
+                             "on_step_end (draw_batch), which only train.py provides; train such "
+                             "runs with train.py (hydra/launcher=basic), not in a pack")
         why = unsupported(self.packed, self.optimizers)
         on_cuda = next(iter(self.packed.params.values())).device.type == "cuda"
         if self.pack_update and why:

@@ -287,3 +287,59 @@ def test_smoke_and_resume_state_through_trainer_calls():
     frozen = LearnedSurrogate(mode="universal", pretrain_steps=5)
     run_bilevel(frozen, x, y, model, steps=3, batch=32)
     assert all(p.grad is None for p in frozen.parameters())
+
+
+# --------------------------------------------------------------------------- under train.py
+ON_STEP_END = LearnedSurrogate.on_step_end   # unwrapped, whatever a test patched in
+
+
+def train_surrogate_on_digits(compose_cfg, run_dir, monkeypatch):
+    """A short ``train.py`` run of SL-S on digits; returns the inputs of the training steps and
+    of the surrogate steps (the batches ``draw_batch`` gave), in order."""
+    import train
+
+    seen = {"train": [], "drawn": []}
+    original = ON_STEP_END
+
+    def on_step_end(self, *, step, model, optimizer, batch, draw_batch=None):
+        seen["train"].append(batch[0].clone())
+
+        def draw():
+            x, y = draw_batch()
+            seen["drawn"].append(x.clone())
+            return x, y
+        original(self, step=step, model=model, optimizer=optimizer, batch=batch,
+                 draw_batch=draw if draw_batch is not None else None)
+    monkeypatch.setattr(LearnedSurrogate, "on_step_end", on_step_end)
+    cfg = compose_cfg(["objective=surrogate", "objective.mode=scratch", "dataset=digits", "model=mlp",
+                       "trainer.max_steps=9", "trainer.eval_every=9", "trainer.batch_size=32",
+                       "device=cpu", "logger=csv"])
+    train.train(cfg, run_dir)
+    return seen
+
+
+def test_train_py_gives_the_surrogate_steps_new_batches_deterministically(compose_cfg, tmp_path, monkeypatch):
+    """Algorithm 1, line 9 under ``train.py``: each of the K_beta = 10 surrogate steps per round
+    of K_alpha = 3 model steps draws a batch of the side stream, none of them a training batch of
+    the run; the side stream's position is checkpointed, and two identical runs are identical."""
+    a = train_surrogate_on_digits(compose_cfg, tmp_path / "a", monkeypatch)
+    assert len(a["train"]) == 9 and len(a["drawn"]) == 30
+    assert not any(torch.equal(d, t) for d in a["drawn"] for t in a["train"])
+    assert len({tuple(d[:, :4].flatten().tolist()) for d in a["drawn"]}) == 30   # all different
+    assert torch.load(tmp_path / "a" / "last.pt", weights_only=False)["side_stream_step"] == 30
+    b = train_surrogate_on_digits(compose_cfg, tmp_path / "b", monkeypatch)
+    assert all(torch.equal(p, q) for k in ("train", "drawn") for p, q in zip(a[k], b[k], strict=True))
+    assert (tmp_path / "a" / "metrics.csv").read_text() == (tmp_path / "b" / "metrics.csv").read_text()
+
+
+def test_packs_refuse_objectives_that_draw_batches():
+    """The packed step has no side stream: a surrogate run is refused, not silently changed."""
+    from objectives.base import Objective
+    from packed.model import pack
+    from packed.step import PackedStep
+
+    models = [torch.nn.Linear(3, 2) for _ in range(2)]
+    packed = pack(models)
+    objectives = [Objective(), LearnedSurrogate(mode="scratch")]
+    with pytest.raises(ValueError, match=r"run 1 \(LearnedSurrogate\): .* only train.py provides"):
+        PackedStep(packed, objectives, [None, None], [None, None])

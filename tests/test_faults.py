@@ -434,6 +434,26 @@ def test_kills_during_writes_and_steps_resume_bit_identical(reference, tmp_path)
     assert launches[0]["start_step"] == 0 and all(la["resume"] is True for la in launches[1:])
 
 
+SURROGATE_KILL_RUN = [*KILL_RUN, "objective=surrogate", "objective.mode=scratch", "trainer.max_steps=20",
+                      "objective.lr_beta=1e-3", "objective.clip_beta=null"]   # a surrogate that moves
+
+
+def test_surrogate_killed_mid_round_resumes_bit_identical(tmp_path):
+    """The surrogate's K_beta steps draw from train.py's side stream: its position travels in
+    last.pt, so a run killed after the step-10 checkpoint (mid-round: K_alpha = 3) and resumed
+    draws the batches the uninterrupted run drew and ends bit-identical to it."""
+    ref = run_in_process(tmp_path / "ref", SURROGATE_KILL_RUN)
+    run = tmp_path / "run"
+    proc = launch(run, SURROGATE_KILL_RUN, "after:last.pt:2")
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    assert torch.load(run / "last.pt", weights_only=False)["side_stream_step"] == 30   # 3 rounds of 10
+    proc = launch(run, SURROGATE_KILL_RUN + ["resume=true"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert_same_run(ref, run)
+    a, b = (torch.load(d / "last.pt", weights_only=False)["side_stream_step"] for d in (ref, run))
+    assert a == b == 60
+
+
 @pytest.mark.parametrize("override, message", [
     ("trainer.max_steps=0", "ConfigError: invalid config: trainer.max_steps=0 must be an integer >= 1"),
     # issue 18: a raw TypeError from np.random.seed, and a clear message under a traceback
