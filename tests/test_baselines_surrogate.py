@@ -125,20 +125,27 @@ def after_forward(model, objective, optimizer, logits, x, y, step) -> list[torch
     return buffers
 
 
+def one_round(seed, **options):
+    """K_alpha = 3 training steps of a BatchNorm model (then K_beta = 5 surrogate steps) with the
+    surrogate's inputs recorded: (model, seen, batches, training scores, buffers after the round)."""
+    model = bn_model()
+    objective = LearnedSurrogate(mode="scratch", k_alpha=3, k_beta=5, **options)
+    seen = spy_surrogate_inputs(objective)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    data, train_scores = batches(seed, 3), []
+    for step, (x, y) in enumerate(data):
+        logits = model(x)
+        train_scores.append((logits[:, 1] - logits[:, 0]).detach())
+        buffers = after_forward(model, objective, optimizer, logits, x, y, step)
+    return model, seen, data, train_scores, buffers
+
+
 @pytest.mark.parametrize("rescore_mode", ["train", "eval"])
 def test_fresh_surrogate_steps_score_with_the_updated_model(rescore_mode):
     """Algorithm 1, line 10: after K_alpha model steps, each of the K_beta surrogate steps sees
     y_hat(x; alpha^(K_alpha)), not the scores the training steps saw; BatchNorm buffers are left
     as the training steps left them."""
-    model = bn_model()
-    objective = LearnedSurrogate(mode="scratch", k_alpha=3, k_beta=5, rescore_mode=rescore_mode)
-    seen = spy_surrogate_inputs(objective)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
-    data, train_scores = batches(0, 3), []
-    for step, (x, y) in enumerate(data):
-        logits = model(x)
-        train_scores.append((logits[:, 1] - logits[:, 0]).detach())
-        buffers = after_forward(model, objective, optimizer, logits, x, y, step)
+    model, seen, data, train_scores, buffers = one_round(0, rescore_mode=rescore_mode)
     assert len(seen) == 5
     for k, (y_seen, s_seen) in enumerate(seen):
         x, y = data[k % 3]
@@ -152,15 +159,7 @@ def test_fresh_surrogate_steps_score_with_the_updated_model(rescore_mode):
 def test_stale_surrogate_steps_reuse_the_training_scores():
     """The named option beta_scores=stale: the K_beta steps cycle through the K_alpha training
     scores, each from the model as it was before its own step."""
-    model = bn_model()
-    objective = LearnedSurrogate(mode="scratch", k_alpha=3, k_beta=5, beta_scores="stale")
-    seen = spy_surrogate_inputs(objective)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
-    data, train_scores = batches(1, 3), []
-    for step, (x, y) in enumerate(data):
-        logits = model(x)
-        train_scores.append((logits[:, 1] - logits[:, 0]).detach())
-        after_forward(model, objective, optimizer, logits, x, y, step)
+    _, seen, _, train_scores, _ = one_round(1, beta_scores="stale")
     assert [torch.equal(s, train_scores[k % 3]) for k, (_, s) in enumerate(seen)] == [True] * 5
 
 
