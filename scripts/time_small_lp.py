@@ -9,6 +9,12 @@ process), best round of each, and the ratio baseline / here is printed.  Run:
 
     git worktree add --detach /tmp/base HEAD~1
     OMP_NUM_THREADS=1 python scripts/time_small_lp.py --baseline /tmp/base [--rounds 5]
+
+With ``--cvxpy`` (issue 20, item 4) it times the F1 loss against its cvxpylayers twin
+(:class:`baselines.cvxpy_lp.F1CvxpyLoss`, SCS, one job) instead: one process, the same batches,
+ours and cvxpylayers alternately in every round, and prints each round's ratio and their median:
+
+    OMP_NUM_THREADS=1 python scripts/time_small_lp.py --cvxpy [--rounds 5] [--code /tmp/base]
 """
 from __future__ import annotations
 
@@ -99,6 +105,42 @@ def time_highs(ratio_mod, cls, kwargs, data, repeats):
     return statistics.median(times)
 
 
+def cvxpy_main(args):
+    """F1 fwd+bwd, ours and cvxpylayers alternately in one process (``--cvxpy``): pass by pass
+    (ours over the batches, then cvxpylayers over them, ``repeats`` times a round), so both
+    see the same machine load; a round's ratio is the ratio of the two medians of the per-call
+    times.  (Alternating call by call instead charges each side the other's cache misses:
+    ours took ~1.4x its time in passes on this machine.)"""
+    torch.set_num_threads(1)
+    root = (args.code or ROOT).resolve()
+    here = load_ratio(root)                          # before baselines: it imports objectives
+    from baselines.cvxpy_lp import F1CvxpyLoss
+    data = batches(args.n, args.batches)
+    losses = {"ours": here.F1LPLoss(), "cvxpylayers": F1CvxpyLoss(n_jobs=1)}
+    with torch.no_grad():
+        gap = max(abs(float(losses["ours"](*b) - losses["cvxpylayers"](*b))) for b in data)
+    print(f"F1 LP, n = {args.n}, float64, 1 thread, fwd+bwd, ours ({root}) and cvxpylayers "
+          f"alternating pass by pass, median ms per call over {args.batches} batches x "
+          f"{args.repeats} repeats a round; max |loss - cvxpylayers loss| = {gap:.1e}")
+    ratios = []
+    for r in range(args.rounds + 1):                 # round 0: warm-up, not reported
+        ms = {name: [] for name in losses}
+        for _ in range(args.repeats):
+            for name, fn in losses.items():
+                for logits, labels in data:
+                    logits.grad = None
+                    t0 = time.perf_counter()
+                    fn(logits, labels).backward()
+                    ms[name].append((time.perf_counter() - t0) * 1e3)
+        if r == 0:
+            continue
+        med = {name: statistics.median(v) for name, v in ms.items()}
+        ratios.append(med["cvxpylayers"] / med["ours"])
+        print(f"round {r}: ours {med['ours']:.3f} ms, cvxpylayers {med['cvxpylayers']:.3f} ms, "
+              f"cvxpylayers/ours {ratios[-1]:.2f}x")
+    print(f"median cvxpylayers/ours over {args.rounds} rounds: {statistics.median(ratios):.2f}x")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--baseline", type=Path, help="another checkout to time side by side")
@@ -107,10 +149,16 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=3, help="alternations baseline / here")
     ap.add_argument("--losses", default="f1,fbeta,jaccard,p@r")
+    ap.add_argument("--cvxpy", action="store_true",
+                    help="F1 only: ours vs cvxpylayers, alternating in one process")
+    ap.add_argument("--code", type=Path, help="--cvxpy: time this checkout's code instead "
+                    "(e.g. a git worktree of an older commit)")
     ap.add_argument("--side", type=Path, help=argparse.SUPPRESS)   # internal: one round
     args = ap.parse_args(argv)
     if args.side:
         return side_main(args)
+    if args.cvxpy:
+        return cvxpy_main(args)
     roots = {"here": ROOT}
     if args.baseline:
         roots["baseline"] = args.baseline.resolve()

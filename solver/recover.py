@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
+from solver import dense_active
 from solver.linsolve import NewtonSystem
 
 
@@ -275,6 +276,13 @@ def recover_guess(prob, x, *, method, cg_tol=1e-12, cg_max_iter=1000, accept_tol
     LPs whose KKT residual is below ``accept_tol`` and runs Newton on the others."""
     x = x.detach()
     wA, wz = _tight(prob, x, GUESS_TIGHT)
+    # a small dense LP with a square active system: one host inverse (solver.dense_active)
+    square = dense_active.square_system(prob, wA, wz)
+    if square is not None:
+        z, uA, uz, uE, system = square
+        rec = Recovery(z, wA, wz, uA, uz, uE, *kkt_measures(prob, z, uA, uz, uE), system)
+        if bool((rec.kkt <= accept_tol).all()):
+            return rec
     # no refinement: the correction K_T^+ F(x) is itself at roundoff for an exact guess (its
     # error is cond(K_T) eps times that), and a guess that is off fails the KKT check
     z, system = _solve_active(prob, x, wA, wz, method, cg_tol, cg_max_iter, refine=0)
