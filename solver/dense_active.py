@@ -1,4 +1,4 @@
-r"""The square active system of a small dense CPU LP, inverted once on the host.
+r"""The square active system of a small dense CPU LP, factorised once on the host.
 
 At a nondegenerate vertex the active set ``T`` (active rows of ``A z <= b``, every row of
 ``A_eq z = b_eq``, active bounds ``z_j = 0``) has exactly ``n`` rows, and the stacked matrix
@@ -15,16 +15,18 @@ Why a separate path: for a small dense LP (the ratio LPs of :mod:`objectives.rat
 forms ``K_T``, certifies a Cholesky factor, solves with it four times and recomputes residuals
 around each solve; every torch op on a 65-vector costs microseconds of dispatch, and together
 they were most of the F1 loss's time (issue 20, item 4).  Here ``M`` is gathered from the host
-copy of the data, inverted by LAPACK (``getrf`` + ``getri``: ~0.1 ms at n = 65) and every solve
-is a product with ``M^{-1}``.
+copy of the data and factorised by LAPACK (``getrf``, ~0.05 ms at n = 65); every solve is a
+pair of triangular solves (``getrs``) on the host.
 
-The inverse is used only where it is certified by the bound the Cholesky path uses
-(:func:`solver.linsolve._certified_cholesky`): ``trace(K_T) trace(K_T^{-1}) =
-|M|_F^2 |M^{-1}|_F^2 >= cond(K_T)`` at most ``_CHOL_COND_MAX``, so both paths compute the same
-``K_T^{-1}`` up to roundoff.  Otherwise (a degenerate vertex with more tight rows than ``n``,
-fewer rows, a singular or ill-conditioned ``M``, GPU or structured data) :func:`square_system`
-returns ``None`` and the caller keeps the least-squares path.  The KKT check after it certifies
-whichever path ran (:func:`solver.recover.recover_guess`).
+The LU is used only where LAPACK's condition estimate (``getcon``, 1-norm) says
+``cond(M) <= sqrt(_CHOL_COND_MAX) = 1e4``: the bound under which the Cholesky path
+(:func:`solver.linsolve._certified_cholesky`, ``cond(K_T) = cond(M)^2 <= 1e8``) factorises
+``K_T``, far below where its eigen fallback would drop a direction, so both paths compute the
+same vertex, multipliers and backward up to roundoff.  Otherwise (a degenerate vertex with more
+tight rows than ``n``, fewer rows, a singular or ill-conditioned ``M``, GPU or structured data,
+a large batch) :func:`square_system` returns ``None`` and the caller keeps the least-squares
+path.  The KKT check after it certifies whichever path ran
+(:func:`solver.recover.recover_guess`).
 """
 from __future__ import annotations
 
@@ -35,58 +37,86 @@ from scipy.linalg import lapack
 from solver.linsolve import _CHOL_COND_MAX
 from solver.operators import DenseOperator
 
-# the host inverse is O(n^3) like the dense normal equations it replaces; above this n a
-# sparse or iterative path is the better choice anyway
+# the host LU is O(n^3) like the dense normal equations it replaces; above this n a sparse or
+# iterative path is the better choice anyway
 DENSE_INVERSE_MAX_N = 1024
-# LPs are inverted one at a time on the host: a large batch keeps the batched torch path
+# cond(M) bound of the LU path: the Cholesky path's cond(K_T) <= _CHOL_COND_MAX with
+# cond(K_T) = cond(M)^2 (2-norm; LAPACK's getcon estimates the 1-norm one, within a small factor)
+_COND_MAX = _CHOL_COND_MAX ** 0.5
+# LPs are factorised one at a time on the host: a large batch keeps the batched torch path
 DENSE_INVERSE_MAX_B = 16
 
 
 def eligible(prob) -> bool:
-    """Dense ``A`` / ``A_eq`` on the CPU, small ``n`` and batch."""
-    return (prob.device.type == "cpu" and prob.n <= DENSE_INVERSE_MAX_N
+    """Dense float64 ``A`` / ``A_eq`` on the CPU, small ``n`` and batch (float32 LPs keep the
+    torch path, whose KKT measures are computed in float32)."""
+    return (prob.device.type == "cpu" and prob.dtype == torch.float64
+            and prob.n <= DENSE_INVERSE_MAX_N
             and prob.B <= DENSE_INVERSE_MAX_B and type(prob.A) is DenseOperator
             and (prob.A_eq is None or type(prob.A_eq) is DenseOperator))
 
 
 def _host(t: torch.Tensor) -> np.ndarray:
-    return t.detach().to(torch.float64).numpy()
+    """The float64 CPU tensor ``t`` as a numpy array (shared memory, no copy)."""
+    return t.detach().numpy()
 
 
-class DenseActiveInverse:
-    """``K_T^{-1} = M^{-1} M^{-T}`` of a batch of square active systems (``Minv [B, n, n]``),
-    with the interface the recovery and :func:`solver.implicit.active_set_output` use."""
+class DenseActiveLU:
+    """``K_T^{-1} = M^{-1} M^{-T}`` of a batch of square active systems, from the host LU of each
+    ``M``, with the interface the recovery and :func:`solver.implicit.active_set_output` use."""
 
-    method, pinv, factor_kind = "cholesky", True, "dense_inverse"
+    method, pinv, factor_kind = "cholesky", True, "dense_lu"
     cg_iterations, cg_tol, cg_max_iter = 0, 0.0, 0
     _lu = False
 
-    def __init__(self, wA, wz, Minv, index):
-        # index [B, n]: the row of G = [A; A_eq; -I] behind each row of M
-        self.wA, self.wz, self.Minv, self.index = wA, wz, Minv, index
+    def __init__(self, wA, wz, lus, index):
+        # lus: (LU, pivots) of each M; index [B, n]: the row of G = [A; A_eq; -I] behind
+        # each row of M
+        self.wA, self.wz, self.lus, self.index = wA, wz, lus, index
+
+    def solve_t(self, r: torch.Tensor) -> torch.Tensor:
+        """``M^{-T} r`` for ``r [B, n]``."""
+        r64 = _host(r.to(torch.float64))
+        x = np.stack([lapack.dgetrs(lu, piv, r64[i], trans=1)[0]
+                      for i, (lu, piv) in enumerate(self.lus)])
+        return torch.from_numpy(x).to(r.dtype)
 
     def solve(self, r: torch.Tensor) -> torch.Tensor:
-        Minv = self.Minv if self.Minv.dtype == r.dtype else self.Minv.to(r.dtype)
-        r = r.expand(Minv.shape[0], Minv.shape[-1])
-        y = torch.bmm(r.unsqueeze(-2), Minv)                  # (M^-T r)^T
-        return torch.bmm(Minv, y.mT).squeeze(-1)
+        r64 = _host(r.to(torch.float64).expand(len(self.lus), r.shape[-1]))
+        x = np.stack([lapack.dgetrs(lu, piv, lapack.dgetrs(lu, piv, r64[i], trans=1)[0])[0]
+                      for i, (lu, piv) in enumerate(self.lus)])
+        return torch.from_numpy(x).to(r.dtype)
 
 
-def square_system(prob, wA: torch.Tensor, wz: torch.Tensor):
-    """``(z, uA, uz, uE, system)`` from the square active systems marked by the 0/1 weights
-    ``wA [B, m]``, ``wz [B, n]`` (see the module docstring), or ``None`` where some LP's system
-    is not square, not certified nonsingular, or the problem is not :func:`eligible`."""
+def _rows(A: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """``A x`` for ``A [m, n]`` or ``[B, m, n]`` and ``x [B, n]``."""
+    return x @ A.T if A.ndim == 2 else np.einsum("bmn,bn->bm", A, x)
+
+
+def _rows_t(A: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """``A^T y`` for ``A [m, n]`` or ``[B, m, n]`` and ``y [B, m]``."""
+    return y @ A if A.ndim == 2 else np.einsum("bmn,bm->bn", A, y)
+
+
+def recover_guess(prob, x: torch.Tensor, accept_tol: float):
+    """:func:`solver.recover.recover_guess` for an :func:`eligible` LP, on the host: T = the
+    rows and bounds tight at the guess ``x [B, n]`` (``GUESS_TIGHT``), the vertex and the
+    multipliers from the LU of ``M`` (see the module docstring), the KKT measures of
+    :func:`solver.recover.kkt_terms`.  A :class:`solver.recover.Recovery` when every LP has a
+    square, well-conditioned ``M`` and passes the KKT check to ``accept_tol``; else ``None``
+    (the caller then runs the torch path from the start, so results never depend on this one)."""
     if not eligible(prob):
         return None
+    from solver.recover import GUESS_TIGHT, Recovery, _kkt, kkt_terms, tight_masks
     B, n, m, p = prob.B, prob.n, prob.m, prob.p
-    A, c, b = _host(prob.A.A), _host(prob.c), _host(prob.b)
-    E = None if prob.A_eq is None else _host(prob.A_eq.A)
-    b_eq = None if prob.A_eq is None else _host(prob.b_eq)
-    rows_all, bnds_all = _host(wA) > 0, _host(wz) > 0
-    Minv, index = np.empty((B, n, n)), np.empty((B, n), dtype=np.int64)
+    A, c, b, x = _host(prob.A.A), _host(prob.c), _host(prob.b), _host(x)
+    E, b_eq = (None, None) if prob.A_eq is None else (_host(prob.A_eq.A), _host(prob.b_eq))
+    h_scale, c_norm = _host(prob.h_scale), _host(prob.c_norm)
+    tA, tz = tight_masks(_rows(A, x) - b, x, h_scale, GUESS_TIGHT)
+    lus, index = [], np.empty((B, n), dtype=np.int64)
     z, u = np.empty((B, n)), np.zeros((B, m + p + n))     # u: [uA, uE, uz] on the rows of G
     for i in range(B):
-        rows, bnds = np.flatnonzero(rows_all[i]), np.flatnonzero(bnds_all[i])
+        rows, bnds = np.flatnonzero(tA[i]), np.flatnonzero(tz[i])
         k = rows.size
         if k + p + bnds.size != n:
             return None
@@ -101,21 +131,30 @@ def square_system(prob, wA: torch.Tensor, wz: torch.Tensor):
         lu, piv, info = lapack.dgetrf(M)
         if info != 0:
             return None
-        inv, info = lapack.dgetri(lu, piv)
-        # the Cholesky path's certificate (also rejects NaN)
-        if info != 0 or not (M * M).sum() * (inv * inv).sum() <= _CHOL_COND_MAX:
+        rcond, info = lapack.dgecon(lu, np.abs(M).sum(0).max(), norm="1")
+        if info != 0 or not rcond * _COND_MAX >= 1.0:      # (also rejects NaN)
             return None
-        Minv[i] = inv
+        lus.append((lu, piv))
         index[i, :k], index[i, k:k + p], index[i, k + p:] = rows, m + np.arange(p), m + p + bnds
-        z[i] = inv @ h
-        v = -(c[i] @ inv)                                   # u_T = -M^-T c
-        u[i, rows], u[i, m + p + bnds] = v[:k], v[k + p:]
-        u[i, m:m + p] = v[k:k + p]
-    dt = prob.dtype
-    z, u = torch.from_numpy(z).to(dt), torch.from_numpy(u).to(dt)
+        z[i] = lapack.dgetrs(lu, piv, h)[0]
+        u[i, index[i]] = -lapack.dgetrs(lu, piv, c[i], trans=1)[0]     # u_T = -M^-T c
     uA, uE, uz = u[:, :m], (u[:, m:m + p] if p else None), u[:, m + p:]
-    return z, uA, uz, uE, DenseActiveInverse(wA, wz, torch.from_numpy(Minv),
-                                             torch.from_numpy(index))
+    stat = c + _rows_t(A, uA) - uz
+    rE = None
+    if p:
+        stat = stat + _rows_t(E, uE)
+        rE = _rows(E, z) - b_eq
+    measures = kkt_terms(np, z, uA, uz, uE, _rows(A, z) - b, rE, stat, c, b, b_eq, h_scale,
+                         c_norm)
+    kkt = _kkt(measures, np)
+    if not bool((kkt <= accept_tol).all()):
+        return None
+    t = torch.from_numpy
+    wA, wz = t(tA.astype(np.float64)), t(tz.astype(np.float64))
+    rec = Recovery(t(z), wA, wz, t(uA), t(uz), None if uE is None else t(uE),
+                   *map(t, measures), DenseActiveLU(wA, wz, lus, t(index)))
+    rec.__dict__["_kkt_value"] = t(kkt)          # Recovery.kkt's cache
+    return rec
 
 
 class _SquareVertex(torch.autograd.Function):
@@ -139,8 +178,7 @@ class _SquareVertex(torch.autograd.Function):
     def backward(ctx, g):
         (z,) = ctx.saved_tensors
         system, m, p = ctx.system, ctx.m, ctx.p
-        Minv = system.Minv if system.Minv.dtype == g.dtype else system.Minv.to(g.dtype)
-        lam = torch.bmm(g.unsqueeze(-2), Minv).squeeze(-2)          # (M^-T g)^T, [B, n]
+        lam = system.solve_t(g)                                     # M^-T g, [B, n]
         lamG = g.new_zeros(g.shape[0], m + p + g.shape[1]).scatter_(1, system.index, lam)
         grads = [None] * 4
         for j, (lo, hi) in enumerate(((0, m), (m, m + p))):

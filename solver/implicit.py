@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from solver.dense_active import DenseActiveInverse, square_output
+from solver.dense_active import DenseActiveLU, square_output
 from solver.operators import DiagonalOperator
 
 
@@ -42,7 +42,7 @@ class _SolveK(torch.autograd.Function):
 def active_set_output(prob, z_star, system):
     """``z*`` carrying the implicit (active-set) Jacobian w.r.t. ``A, b, A_eq, b_eq``."""
     z_star = z_star.detach()
-    if isinstance(system, DenseActiveInverse):      # a small dense LP's square active system
+    if isinstance(system, DenseActiveLU):      # a small dense LP's square active system
         return square_output(prob, z_star, system)
     if (system.method == "diagonal" and system.pinv and type(prob.A) is DiagonalOperator
             and prob.A_eq is None and not prob.A.d.requires_grad):

@@ -28,9 +28,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
-from solver import dense_active
 from solver.linsolve import NewtonSystem
 
 
@@ -70,22 +70,30 @@ def multipliers(prob, zp, eps):
 @torch.no_grad()
 def kkt_measures(prob, z, uA, uz, uE):
     rA, rE = prob.residuals(z)
-    # max(0, max_i rA_i, max_j -z_j) and max(0, max_i -uA_i, max_j -uz_j) in one reduction each
-    inf = torch.cat([rA, -z], -1).amax(-1).clamp_min(0) + 0.0    # + 0.0: no -0.0 in stats
-    if rE is not None:
-        inf = torch.maximum(inf, rE.abs().amax(-1))
-    primal_inf = inf / prob.h_scale
     stat = prob.c + prob.A.rmatvec(uA) - uz
-    dual_obj = -(prob.b * uA).sum(-1)
     if uE is not None:
         stat = stat + prob.A_eq.rmatvec(uE)
-        dual_obj = dual_obj - (prob.b_eq * uE).sum(-1)
-    c_norm = prob.c_norm
-    neg = torch.cat([uA, uz], -1).amin(-1).neg().clamp_min(0) + 0.0
-    dual_res = torch.maximum(stat.abs().amax(-1), neg) / (1 + c_norm)
-    value = (prob.c * z).sum(-1)
+    return kkt_terms(torch, z, uA, uz, uE, rA, rE, stat, prob.c, prob.b, prob.b_eq,
+                     prob.h_scale, prob.c_norm)
+
+
+def kkt_terms(xp, z, uA, uz, uE, rA, rE, stat, c, b, b_eq, h_scale, c_norm):
+    """``(primal_inf, dual_res, gap, value)`` from the residuals ``rA = A z - b``,
+    ``rE = A_eq z - b_eq`` and the stationarity residual ``stat = c + A^T uA - uz + A_eq^T uE``;
+    ``xp`` is ``torch`` or ``numpy`` (:mod:`solver.dense_active` certifies on the host)."""
+    # max(0, max_i rA_i, max_j -z_j) and max(0, max_i -uA_i, max_j -uz_j) in one reduction each
+    inf = xp.amax(xp.concatenate([rA, -z], -1), -1).clip(min=0) + 0.0   # + 0.0: no -0.0
+    if rE is not None:
+        inf = xp.maximum(inf, xp.amax(abs(rE), -1))
+    primal_inf = inf / h_scale
+    dual_obj = -(b * uA).sum(-1)
+    if uE is not None:
+        dual_obj = dual_obj - (b_eq * uE).sum(-1)
+    neg = (-xp.amin(xp.concatenate([uA, uz], -1), -1)).clip(min=0) + 0.0
+    dual_res = xp.maximum(xp.amax(abs(stat), -1), neg) / (1 + c_norm)
+    value = (c * z).sum(-1)
     # scale the gap by the size of the terms that cancel in it
-    gap = (value - dual_obj).abs() / (1 + value.abs() + c_norm * z.abs().amax(-1))
+    gap = abs(value - dual_obj) / (1 + abs(value) + c_norm * xp.amax(abs(z), -1))
     return primal_inf, dual_res, gap, value
 
 
@@ -109,12 +117,12 @@ def _least_norm_dual(prob, system):
     return uA, uz, uE
 
 
-def _kkt(m):
+def _kkt(m, xp=torch):
     """One KKT number.  In float64 primal feasibility counts 100x: the active-set solve makes
     the right vertex feasible to roundoff, while on an ill-conditioned LP a wrong vertex can be
-    feasible to ~1e-8 with a near-zero gap."""
-    weight = 100.0 if m[0].dtype == torch.float64 else 1.0
-    return torch.maximum(torch.maximum(weight * m[0], m[1]), m[2])
+    feasible to ~1e-8 with a near-zero gap.  (``xp``: torch or numpy.)"""
+    weight = 100.0 if m[0].dtype in (torch.float64, np.float64) else 1.0
+    return xp.maximum(xp.maximum(weight * m[0], m[1]), m[2])
 
 
 def _certify(prob, z, system, pen_u, accept_tol, method, fixed=False):
@@ -221,9 +229,16 @@ def _tight(prob, z, rel=None):
     """0/1 weights of the rows and bounds tight at ``z`` (to ``rel`` * scale; default
     sqrt(machine eps), an external solver's feasibility tolerance)."""
     rel = torch.finfo(z.dtype).eps ** 0.5 if rel is None else rel
-    thr = (rel * prob.h_scale).unsqueeze(-1)
     rA, _ = prob.residuals(z)
-    return (rA >= -thr).to(z.dtype), (z <= thr).to(z.dtype)
+    tA, tz = tight_masks(rA, z, prob.h_scale, rel)
+    return tA.to(z.dtype), tz.to(z.dtype)
+
+
+def tight_masks(rA, z, h_scale, rel):
+    """Boolean masks of the rows (residuals ``rA``) and bounds tight at ``z`` to ``rel *
+    h_scale``; torch or numpy arrays."""
+    thr = (rel * h_scale)[..., None]
+    return rA >= -thr, z <= thr
 
 
 def _finish(prob, z, wA, wz, system, cert, rebuild, method, cg_tol, cg_max_iter):
@@ -276,13 +291,6 @@ def recover_guess(prob, x, *, method, cg_tol=1e-12, cg_max_iter=1000, accept_tol
     LPs whose KKT residual is below ``accept_tol`` and runs Newton on the others."""
     x = x.detach()
     wA, wz = _tight(prob, x, GUESS_TIGHT)
-    # a small dense LP with a square active system: one host inverse (solver.dense_active)
-    square = dense_active.square_system(prob, wA, wz)
-    if square is not None:
-        z, uA, uz, uE, system = square
-        rec = Recovery(z, wA, wz, uA, uz, uE, *kkt_measures(prob, z, uA, uz, uE), system)
-        if bool((rec.kkt <= accept_tol).all()):
-            return rec
     # no refinement: the correction K_T^+ F(x) is itself at roundoff for an exact guess (its
     # error is cond(K_T) eps times that), and a guess that is off fails the KKT check
     z, system = _solve_active(prob, x, wA, wz, method, cg_tol, cg_max_iter, refine=0)

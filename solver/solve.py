@@ -38,7 +38,7 @@ from solver.presolve import presolve, restore, restore_masks
 from solver.scaling import ruiz_factors, scale_problem
 from solver.sketch import make_sketch
 from solver.solution import LPSolution
-from solver import diagnose
+from solver import dense_active, diagnose
 
 BACKWARDS = ("active_set", "unrolled")
 
@@ -104,8 +104,11 @@ def run_from_guess(prob, opts, method):
     of :func:`run_eps_loop` when every LP passes the KKT check, else ``None`` (the eps loop
     then solves the whole batch, so results never depend on the guess)."""
     x = _guess(prob, opts)
-    rec = recover_guess(prob, x, method=method, cg_tol=opts.cg_tol,
-                        cg_max_iter=4 * opts.cg_max_iter, accept_tol=opts.tol)
+    # a small dense LP with a square active system: certified on the host (one LU per LP)
+    rec = dense_active.recover_guess(prob, x, opts.tol)
+    if rec is None:
+        rec = recover_guess(prob, x, method=method, cg_tol=opts.cg_tol,
+                            cg_max_iter=4 * opts.cg_max_iter, accept_tol=opts.tol)
     done = rec.kkt <= opts.tol
     if not bool(done.all()):
         return None

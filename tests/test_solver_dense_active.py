@@ -1,6 +1,6 @@
-"""The host inverse of a small dense LP's square active system (:mod:`solver.dense_active`,
+"""The host LU of a small dense LP's square active system (:mod:`solver.dense_active`,
 issue 20 item 4): a certified ``vertex_guess`` of a dense CPU LP is snapped, its multipliers and
-its backward taken from one LAPACK inverse of ``M = [A_T; A_eq; -I_Z]``.
+its backward taken from one LAPACK LU of ``M = [A_T; A_eq; -I_Z]``.
 
 Oracles: HiGHS (vertex, value and marginals) on random LPs with a planted nondegenerate optimum,
 ``gradcheck`` (finite differences) in float64 for ``A, b, A_eq, b_eq`` (unbatched, batched, an
@@ -58,7 +58,7 @@ def test_certified_guess_equals_highs(seed):
     cT, AT, bT, ET, beT, zT = tensors(c, A, b, E, be, z_star)
     eq = (ET, beT) if E.size else (None, None)
     sol = solve_lp(cT, AT, bT, *eq, vertex_guess=zT)
-    assert sol.stats["active_factor"] == "dense_inverse" and sol.stats["iterations"] == 0
+    assert sol.stats["active_factor"] == "dense_lu" and sol.stats["iterations"] == 0
     scale = 1 + np.abs(res.x).max()
     assert np.abs(sol.z.numpy() - res.x).max() <= 1e-8 * scale
     assert abs(float(sol.value) - res.fun) <= 1e-9 * (1 + abs(res.fun))
@@ -91,7 +91,7 @@ def test_gradcheck_of_the_square_path(seed):
     def f(A, b, E, be):
         guess = _exact_guess(c, A, b, E, be)
         sol = solve_lp(c, A, b, E, be, vertex_guess=guess)
-        assert sol.stats["active_factor"] == "dense_inverse"
+        assert sol.stats["active_factor"] == "dense_lu"
         return (sol.z * w).sum()
 
     data = [t.clone().requires_grad_(True) for t in (A, b, E, be)]
@@ -110,7 +110,7 @@ def test_gradcheck_batched_and_shared_A():
     def batched(A, b, E, be):
         guess = torch.stack([_exact_guess(c[i], A[i], b[i], E[i], be[i]) for i in range(2)])
         sol = solve_lp(c, A, b, E, be, vertex_guess=guess)
-        assert sol.stats["active_factor"] == "dense_inverse"
+        assert sol.stats["active_factor"] == "dense_lu"
         return (sol.z * w).sum()
 
     data = [t.clone().requires_grad_(True) for t in (A, b, E, be)]
@@ -124,7 +124,7 @@ def test_gradcheck_batched_and_shared_A():
     def shared(A1, b1):
         guess = torch.stack([_exact_guess(ci, A1, b1, E1, be1) for ci in cs])
         sol = solve_lp(cs, A1, b1, E1, be1, vertex_guess=guess)
-        assert sol.stats["active_factor"] == "dense_inverse"
+        assert sol.stats["active_factor"] == "dense_lu"
         return (sol.z * w).sum()
 
     assert torch.autograd.gradcheck(shared, [A1.clone().requires_grad_(True),
@@ -139,24 +139,23 @@ def test_degenerate_vertex_keeps_the_least_squares_path():
     res = highs(c, A, b, E, be)
     cT, AT, bT, ET, beT, zT = tensors(c, A, b, E, be, z)
     sol = solve_lp(cT, AT, bT, ET, beT, vertex_guess=zT)
-    assert sol.stats["active_factor"] != "dense_inverse"
+    assert sol.stats["active_factor"] != "dense_lu"
     assert np.abs(sol.z.numpy() - res.x).max() <= 1e-8 * (1 + np.abs(res.x).max())
 
 
 def test_ill_conditioned_system_is_refused():
-    """``|M|_F^2 |M^-1|_F^2`` above the Cholesky path's bound: no inverse, the caller keeps
-    the least-squares path (and still solves the LP)."""
+    """``cond(M)`` above ``1e4`` (the Cholesky path's ``cond(K_T) <= 1e8``): no host LU, the
+    torch path certifies the guess instead (and still solves the LP)."""
     c, A, b, E, be, z = tensors(*planted_lp(3, n=5, m=8, p=1, zeros=1))
     from solver.problem import build_problem
-    from solver.recover import _tight, GUESS_TIGHT
-    prob = build_problem(c, A, b, E, be)
-    wA, wz = _tight(prob, z[None], GUESS_TIGHT)
-    assert dense_active.square_system(prob, wA, wz) is not None
-    scaled = A.clone()
-    scaled[wA[0] > 0] *= 1e5            # the active rows: cond(M) ~ 1e5
-    prob = build_problem(c, scaled, b * torch.where(wA[0] > 0, 1e5, 1.0), E, be)
-    wA2, wz2 = _tight(prob, z[None], GUESS_TIGHT)
-    assert torch.equal(wA2, wA) and dense_active.square_system(prob, wA2, wz2) is None
+    assert dense_active.recover_guess(build_problem(c, A, b, E, be), z[None], 1e-8) is not None
+    active = (A @ z - b).abs() <= 1e-12
+    scale = torch.where(active, 1e6, 1.0)            # the active rows: cond(M) ~ 1e6
+    prob = build_problem(c, A * scale[:, None], b * scale, E, be)
+    assert dense_active.recover_guess(prob, z[None], 1e-8) is None
+    sol = solve_lp(c, A * scale[:, None], b * scale, E, be, vertex_guess=z)
+    assert sol.stats["active_factor"] != "dense_lu"
+    assert (sol.z - z).abs().max() <= 1e-8
 
 
 @pytest.mark.parametrize("seed", range(3))
