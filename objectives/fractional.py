@@ -100,57 +100,66 @@ def charnes_cooper_lp(num: torch.Tensor, den: torch.Tensor, den0: float | torch.
         raise ValueError(f"senses must be a non-empty tuple of {SENSES}; got {senses!r}")
     n = phi.shape[0]
     dt, dev = phi.dtype, phi.device
-    num, den = num.to(dt), den.to(dt)
+    num, den = (t if t.dtype == dt else t.to(dt) for t in (num, den))
     den0 = float(den0)
     s = den0 if den0 > 0 else 1.0
     eye = torch.eye(n, dtype=dt, device=dev)
+    lo, up = box_bounds(phi)
 
+    # (few torch ops: at n ~ 64 each op's dispatch, not its arithmetic, is the cost)
     if safeguard == "drop_redundant":
-        lo, up = box_bounds(phi)
-        keep = lo.detach() > 0
-        blocks = [torch.cat([eye, -up[:, None]], 1),
-                  torch.cat([-eye[keep], lo[keep][:, None]], 1)]
+        keep = (lo.detach() > 0).nonzero().flatten()
+        # rows [I, -u] then [-I_keep, l_keep]: the constant block, and the column of t
+        const = torch.cat([eye, -eye.index_select(0, keep)])
+        col = torch.cat([-up, lo.index_select(0, keep)])
     else:  # the paper's rows: z <= t, phi t <= z, z <= (1 + phi) t
-        ones = torch.ones(n, 1, dtype=dt, device=dev)
-        blocks = [torch.cat([eye, -ones], 1),
-                  torch.cat([-eye, phi[:, None]], 1),
-                  torch.cat([eye, -(1.0 + phi)[:, None]], 1)]
-    c_max = torch.cat([-num / s, torch.zeros(1, dtype=dt, device=dev)])
-    sign = torch.tensor([1.0 if sense == "max" else -1.0 for sense in senses], dtype=dt, device=dev)
-    c = sign[:, None] * c_max
-    if len(senses) == 1:
-        c, sign = c[0], sign[0]
-    A_eq = torch.cat([den, torch.tensor([den0], dtype=dt, device=dev)])
+        const = torch.cat([eye, -eye, eye])
+        col = torch.cat([-torch.ones_like(phi), phi, -(1.0 + phi)])
+    A = torch.cat([const, col[:, None]], 1)
     if recall_rows is not None:
         y, alpha = recall_rows
         y = y.to(dt)
-        blocks.append(torch.cat([-y, (alpha * y.sum()).reshape(1)])[None, :])
-    A = torch.cat(blocks, 0)
+        A = torch.cat([A, torch.cat([-y, (alpha * y.sum()).reshape(1)])[None, :]], 0)
+    c_max = torch.nn.functional.pad(-num / s, (0, 1))
+    if len(senses) == 1:
+        sign = 1.0 if senses[0] == "max" else -1.0
+        c = c_max if sign > 0 else -c_max
+    else:
+        sign = torch.tensor([1.0 if sense == "max" else -1.0 for sense in senses], dtype=dt,
+                            device=dev)
+        c = sign[:, None] * c_max
     with torch.no_grad():
-        guess = torch.stack([box_vertex(num, den, den0, s, phi.detach(), sense)
+        guess = torch.stack([box_vertex(num, den, den0, s, phi, sense, bounds=(lo, up))
                              for sense in senses])
     return FractionalLP(c=c, A=A, b=torch.zeros(A.shape[0], dtype=dt, device=dev),
-                        A_eq=A_eq[None, :], b_eq=torch.tensor([s], dtype=dt, device=dev), n=n,
+                        A_eq=torch.nn.functional.pad(den, (0, 1), value=den0)[None, :],
+                        b_eq=torch.full((1,), s, dtype=dt, device=dev), n=n,
                         sign=sign, guess=guess[0] if len(senses) == 1 else guess)
 
 
-def box_vertex(num, den, den0, s, phi, sense="max", rounds=3):
+def box_vertex(num, den, den0, s, phi, sense="max", rounds=3, bounds=None):
     r"""The optimum ``x = [t \hat Y, t]`` of the LP without the recall row, by Dinkelbach's
     rule: at the optimal ratio :math:`R`, :math:`\hat Y_i` sits at the top of its box where
     :math:`a_i - R d_i > 0` (``"max"``; ``< 0`` for ``"min"``) and at the bottom elsewhere; from
     the guess "top where :math:`a_i > 0`" the pattern settles in one or two rounds.  A guess
     for :func:`solver.solve_lp`'s ``vertex_guess``, which certifies it (with the recall row it
-    may be infeasible or not optimal: the solver then runs Newton)."""
-    lo, up = box_bounds(phi)
-    sgn = 1.0 if sense == "max" else -1.0
-    top = sgn * num > 0
+    may be infeasible or not optimal: the solver then runs Newton).  ``bounds``: the boxes
+    ``(l, u)`` of ``phi`` when the caller has them."""
+    lo, up = box_bounds(phi) if bounds is None else bounds
+    lo, up = lo.detach(), up.detach()
+    top = num > 0 if sense == "max" else num < 0
+    settled = False
     for _ in range(rounds):
         yh = torch.where(top, up, lo)
-        ratio = (num * yh).sum() / ((den * yh).sum() + den0)
-        new = sgn * (num - ratio * den) > 0
-        if torch.equal(new, top):
+        dy = torch.dot(den, yh) + den0
+        gain = num - (torch.dot(num, yh) / dy) * den
+        new = gain > 0 if sense == "max" else gain < 0
+        settled = torch.equal(new, top)
+        if settled:
             break
         top = new
-    yh = torch.where(top, up, lo)
-    t = s / ((den * yh).sum() + den0)
+    if not settled:
+        yh = torch.where(top, up, lo)
+        dy = torch.dot(den, yh) + den0
+    t = s / dy
     return torch.cat([t * yh, t.reshape(1)])

@@ -162,7 +162,8 @@ class RatioLPLoss(Objective):
         options = {"vertex_guess": lp.guess, **self.solver_options}
         sol = solve(lp.c, lp.A, lp.b, lp.A_eq, lp.b_eq, backward=backward or self.backward,
                     options=options)
-        return lp.value(sol.z).mean(), sol
+        value = lp.value(sol.z)
+        return (value.mean() if value.dim() else value), sol
 
     def forward(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         logits = lp_logits(logits)
@@ -185,10 +186,13 @@ class RatioLPLoss(Objective):
         # The LP is solved in float64 whatever the network's dtype: a clamped score leaves a box
         # 1e-6 wide, too narrow for float32's active-set test (the gradient of such samples came
         # out halved; test_float32_logits_get_the_float64_gradient).  n ~ batch: cheap.
-        phi, y = phi.to(torch.float64), y.to(torch.float64)
+        if phi.dtype != torch.float64:
+            phi, y = phi.to(torch.float64), y.to(torch.float64)
         value, sol = self.lp_value(phi, y)
         self.record(**solver_stats(sol), degenerate_batches=0.0, empty_batches=0.0)
-        return (-value + self.penalty(phi, y)).to(logits.dtype)
+        penalty = self.penalty(phi, y)
+        loss = -value if isinstance(penalty, float) and penalty == 0.0 else -value + penalty
+        return loss if loss.dtype == logits.dtype else loss.to(logits.dtype)
 
     def extra_repr(self) -> str:
         return (f"phi={self.phi!r}, bound={self.bound!r}, margin={self.margin}, "

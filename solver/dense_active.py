@@ -58,7 +58,7 @@ def eligible(prob) -> bool:
 
 def _host(t: torch.Tensor) -> np.ndarray:
     """The float64 CPU tensor ``t`` as a numpy array (shared memory, no copy)."""
-    return t.detach().numpy()
+    return (t.detach() if t.requires_grad else t).numpy()
 
 
 class DenseActiveLU:
@@ -74,12 +74,10 @@ class DenseActiveLU:
         # each row of M
         self.wA, self.wz, self.lus, self.index = wA, wz, lus, index
 
-    def solve_t(self, r: torch.Tensor) -> torch.Tensor:
-        """``M^{-T} r`` for ``r [B, n]``."""
-        r64 = _host(r.to(torch.float64))
-        x = np.stack([lapack.dgetrs(lu, piv, r64[i], trans=1)[0]
-                      for i, (lu, piv) in enumerate(self.lus)])
-        return torch.from_numpy(x).to(r.dtype)
+    def solve_t(self, r: np.ndarray) -> np.ndarray:
+        """``M^{-T} r`` for a host ``r [B, n]``."""
+        return np.stack([lapack.dgetrs(lu, piv, r[i], trans=1)[0]
+                         for i, (lu, piv) in enumerate(self.lus)])
 
     def solve(self, r: torch.Tensor) -> torch.Tensor:
         r64 = _host(r.to(torch.float64).expand(len(self.lus), r.shape[-1]))
@@ -169,26 +167,26 @@ class _SquareVertex(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, z, system, m, p, A, b, E, b_eq):
-        ctx.system, ctx.m, ctx.p = system, m, p
-        ctx.save_for_backward(z)
-        ctx.shapes = [None if t is None else t.shape for t in (A, b, E, b_eq)]
+        ctx.system, ctx.m, ctx.p, ctx.z = system, m, p, _host(z)
+        ctx.batched = [None if t is None else t.dim() == 3 for t in (A, E)]
         return z.clone()
 
     @staticmethod
     def backward(ctx, g):
-        (z,) = ctx.saved_tensors
-        system, m, p = ctx.system, ctx.m, ctx.p
-        lam = system.solve_t(g)                                     # M^-T g, [B, n]
-        lamG = g.new_zeros(g.shape[0], m + p + g.shape[1]).scatter_(1, system.index, lam)
+        # on the host, like the forward: a handful of numpy ops on [n]-vectors
+        system, m, p, z = ctx.system, ctx.m, ctx.p, ctx.z
+        lam = system.solve_t(_host(g if g.dtype == torch.float64 else g.double()))
+        lamG = np.zeros((lam.shape[0], m + p + lam.shape[1]))
+        np.put_along_axis(lamG, system.index.numpy(), lam, 1)
         grads = [None] * 4
         for j, (lo, hi) in enumerate(((0, m), (m, m + p))):
             need_M, need_h = ctx.needs_input_grad[4 + 2 * j], ctx.needs_input_grad[5 + 2 * j]
             lam_j = lamG[:, lo:hi]
-            if need_M:
-                shape = ctx.shapes[2 * j]
-                grads[2 * j] = -(lam_j.mT @ z if len(shape) == 2 else lam_j.unsqueeze(-1) * z.unsqueeze(-2))
+            if need_M:    # -lambda z^T on the rows of M; summed over the batch for a shared A
+                gM = -(lam_j[:, :, None] * z[:, None, :]) if ctx.batched[j] else -(lam_j.T @ z)
+                grads[2 * j] = torch.from_numpy(gM).to(g.dtype)
             if need_h:
-                grads[2 * j + 1] = lam_j
+                grads[2 * j + 1] = torch.from_numpy(np.ascontiguousarray(lam_j)).to(g.dtype)
         return (None, None, None, None, *grads)
 
 

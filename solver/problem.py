@@ -41,13 +41,14 @@ class LPProblem:
         self.B, self.n = self.c.shape
         self.m = self.b.shape[1]
         self.p = 0 if self.b_eq is None else self.b_eq.shape[1]
+        # (few ops: on a small LP each op's dispatch is the cost)
         cmax = self.c.detach().abs().amax(-1)
         self.c_norm = cmax               # |c|_inf (detached; the KKT measures' scale)
-        self.c_scale = torch.where(cmax > 0, cmax, torch.ones_like(cmax))
+        self.c_scale = torch.where(cmax > 0, cmax, 1.0)
         self.c_hat = self.c / self.c_scale.unsqueeze(-1)
-        hmax = self.b.detach().abs().amax(-1) if self.m else torch.zeros_like(cmax)
-        if self.p:
-            hmax = torch.maximum(hmax, self.b_eq.detach().abs().amax(-1))
+        h = [t.detach() for t, rows in ((self.b, self.m), (self.b_eq, self.p)) if rows]
+        hmax = (h[0] if len(h) == 1 else torch.cat(h, -1)).abs().amax(-1) if h else \
+            torch.zeros_like(cmax)
         self.h_scale = 1.0 + hmax
 
     @property
@@ -180,6 +181,8 @@ def build_problem(c, A, b, A_eq=None, b_eq=None, *, compute_dtype=None,
             _check_finite(name, t)
 
     def vec(t):
+        if t.dtype == dtype and t.shape[:-1] == batch_shape and t.dim() <= 2:
+            return t if t.dim() == 2 else t.unsqueeze(0)      # already [B, k] (or unbatched)
         return t.to(dtype).expand(*batch_shape, t.shape[-1]).reshape(B, t.shape[-1])
 
     def mat(M, bat):

@@ -93,7 +93,8 @@ def _guess(prob, opts):
     if not isinstance(x, torch.Tensor) or x.shape[-1] != prob.n:
         raise LPInputError(f"vertex_guess must be a [..., {prob.n}] tensor (one point per LP "
                            f"of the batch, or one for all); got {x!r:.60}.")
-    x = x.detach().to(prob.dtype).reshape(-1, prob.n)
+    x = x.detach() if x.requires_grad else x
+    x = (x if x.dtype == prob.dtype else x.to(prob.dtype)).reshape(-1, prob.n)
     if x.shape[0] not in (1, prob.B):
         raise LPInputError(f"vertex_guess holds {x.shape[0]} points, the batch has {prob.B}.")
     return x.expand(prob.B, prob.n)
@@ -444,8 +445,12 @@ def _solution(prob, work, sc, run, method, backward, out_dtype, forward, t0):
                               torch.zeros_like(prob.c_scale), method, pinv=True,
                               cg_tol=rec.system.cg_tol, cg_max_iter=rec.system.cg_max_iter)
         z = active_set_output(prob, z.to(prob.dtype), system)
-    z_out = prob.unflatten(z, (prob.n,)).to(out_dtype)
-    value = (prob.unflatten(prob.c, (prob.n,)).to(out_dtype) * z_out).sum(-1)
+    def out(t, size):                 # the caller's batch shape and dtype
+        t = prob.unflatten(t, (size,))
+        return t if t.dtype == out_dtype else t.to(out_dtype)
+
+    z_out = out(z, prob.n)
+    value = (out(prob.c, prob.n) * z_out).sum(-1)
     stats, per = _stats(work, run, method, time.perf_counter() - t0, forward)
     stats["equilibrated"] = sc is not None
     stats["presolve"] = None if red is None else {
@@ -453,11 +458,11 @@ def _solution(prob, work, sc, run, method, backward, out_dtype, forward, t0):
         "cols_removed": int((~red.cols).sum())}
     return LPSolution(
         z=z_out, value=value,
-        dual=prob.unflatten(uA, (prob.m,)).to(out_dtype),
+        dual=out(uA, prob.m),
         active=prob.unflatten(active, (prob.m,)),
         stats=stats, instance_stats=per,
-        dual_eq=None if uE is None else prob.unflatten(uE, (prob.p,)).to(out_dtype),
-        dual_bounds=prob.unflatten(uz, (prob.n,)).to(out_dtype),
+        dual_eq=None if uE is None else out(uE, prob.p),
+        dual_bounds=out(uz, prob.n),
         active_bounds=prob.unflatten(active_bounds, (prob.n,)),
         eps=None if forward != "newton" else prob.unflatten(run["eps"].detach()),
         penalty_z=prob.unflatten(zp, (prob.n,)))
