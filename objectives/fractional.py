@@ -71,6 +71,8 @@ class FractionalLP:
     def value(self, x: torch.Tensor) -> torch.Tensor:
         """The ratio at an LP point ``x``: ``-sign * c^T x`` (``sign`` +1 for a maximised ratio,
         -1 for a minimised one; ``[k]`` when ``c`` stacks ``k`` LPs over the same rows)."""
+        if x.dim() == 1 and isinstance(self.sign, float):     # one LP: one graph node
+            return torch.dot(-self.sign * self.c, x)
         return -self.sign * (self.c * x).sum(-1)
 
     def predictions(self, x: torch.Tensor) -> torch.Tensor:
@@ -104,14 +106,17 @@ def charnes_cooper_lp(num: torch.Tensor, den: torch.Tensor, den0: float | torch.
     den0 = float(den0)
     s = den0 if den0 > 0 else 1.0
     eye = torch.eye(n, dtype=dt, device=dev)
-    lo, up = box_bounds(phi)
+    with torch.no_grad():           # for the rows kept and the guess; A takes phi below
+        lo, up = box_bounds(phi)
 
     # (few torch ops: at n ~ 64 each op's dispatch, not its arithmetic, is the cost)
     if safeguard == "drop_redundant":
         keep = (lo.detach() > 0).nonzero().flatten()
-        # rows [I, -u] then [-I_keep, l_keep]: the constant block, and the column of t
+        # rows [I, -u] then [-I_keep, l_keep]: the constant block, and the column of t, written
+        # with few graph nodes: -u = relu(-phi) - 1 and l = phi where l > 0 (same values and
+        # derivatives as box_bounds')
         const = torch.cat([eye, -eye.index_select(0, keep)])
-        col = torch.cat([-up, lo.index_select(0, keep)])
+        col = torch.cat([torch.relu(-phi) - 1.0, phi.index_select(0, keep)])
     else:  # the paper's rows: z <= t, phi t <= z, z <= (1 + phi) t
         const = torch.cat([eye, -eye, eye])
         col = torch.cat([-torch.ones_like(phi), phi, -(1.0 + phi)])

@@ -103,7 +103,9 @@ def phi_of_logits(logits: torch.Tensor, phi: str = "softmax") -> torch.Tensor:
         raise ValueError(f"phi must be one of {PHI}; got {phi!r}")
     if logits.dim() != 2 or logits.shape[1] not in (1, 2):
         raise ValueError(f"ratio objectives are binary: logits [B, 2] (or [B, 1]); got {tuple(logits.shape)}")
-    margin = logits[:, 0] if logits.shape[1] == 1 else logits[:, 1] - logits[:, 0]
+    # l_1 - l_0 as one product (one graph node; the same value: x * -1 and x * 1 are exact)
+    margin = logits[:, 0] if logits.shape[1] == 1 else \
+        logits @ torch.tensor([-1.0, 1.0], dtype=logits.dtype, device=logits.device)
     if phi == "tanh":
         return torch.tanh(margin)
     soft = torch.tanh(margin / 2)

@@ -106,11 +106,14 @@ def time_highs(ratio_mod, cls, kwargs, data, repeats):
 
 
 def cvxpy_main(args):
-    """F1 fwd+bwd, ours and cvxpylayers alternately in one process (``--cvxpy``): pass by pass
-    (ours over the batches, then cvxpylayers over them, ``repeats`` times a round), so both
-    see the same machine load; a round's ratio is the ratio of the two medians of the per-call
-    times.  (Alternating call by call instead charges each side the other's cache misses:
-    ours took ~1.4x its time in passes on this machine.)"""
+    """F1 fwd+bwd, ours and cvxpylayers alternately in one process (``--cvxpy``).
+
+    Each round times each side in a block of ``repeats`` passes over the batches, the order of
+    the two blocks alternating from round to round (ours first, then cvxpylayers first, ...), so
+    both see the same machine load; a block's first pass is a warm-up after the switch and is
+    not counted (a cvxpylayers call evicts the caches ours runs from: ours' first call after
+    one took ~1.3-1.7x its steady time on this machine).  A round's ratio is the ratio of the
+    two medians of the per-call times; the script prints every round and the median ratio."""
     torch.set_num_threads(1)
     root = (args.code or ROOT).resolve()
     here = load_ratio(root)                          # before baselines: it imports objectives
@@ -120,24 +123,26 @@ def cvxpy_main(args):
     with torch.no_grad():
         gap = max(abs(float(losses["ours"](*b) - losses["cvxpylayers"](*b))) for b in data)
     print(f"F1 LP, n = {args.n}, float64, 1 thread, fwd+bwd, ours ({root}) and cvxpylayers "
-          f"alternating pass by pass, median ms per call over {args.batches} batches x "
-          f"{args.repeats} repeats a round; max |loss - cvxpylayers loss| = {gap:.1e}")
+          f"alternating in blocks of {args.repeats} passes over {args.batches} batches "
+          f"(first pass of a block not counted), median ms per call; max |loss - cvxpylayers "
+          f"loss| = {gap:.1e}")
     ratios = []
-    for r in range(args.rounds + 1):                 # round 0: warm-up, not reported
-        ms = {name: [] for name in losses}
-        for _ in range(args.repeats):
-            for name, fn in losses.items():
+    for r in range(args.rounds):
+        med = {}
+        order = list(losses) if r % 2 == 0 else list(losses)[::-1]
+        for name in order:
+            fn, ms = losses[name], []
+            for rep in range(args.repeats + 1):
                 for logits, labels in data:
                     logits.grad = None
                     t0 = time.perf_counter()
                     fn(logits, labels).backward()
-                    ms[name].append((time.perf_counter() - t0) * 1e3)
-        if r == 0:
-            continue
-        med = {name: statistics.median(v) for name, v in ms.items()}
+                    if rep:
+                        ms.append((time.perf_counter() - t0) * 1e3)
+            med[name] = statistics.median(ms)
         ratios.append(med["cvxpylayers"] / med["ours"])
-        print(f"round {r}: ours {med['ours']:.3f} ms, cvxpylayers {med['cvxpylayers']:.3f} ms, "
-              f"cvxpylayers/ours {ratios[-1]:.2f}x")
+        print(f"round {r + 1}: ours {med['ours']:.3f} ms, cvxpylayers {med['cvxpylayers']:.3f} "
+              f"ms, cvxpylayers/ours {ratios[-1]:.2f}x")
     print(f"median cvxpylayers/ours over {args.rounds} rounds: {statistics.median(ratios):.2f}x")
 
 

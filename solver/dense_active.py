@@ -105,7 +105,7 @@ def recover_guess(prob, x: torch.Tensor, accept_tol: float):
     (the caller then runs the torch path from the start, so results never depend on this one)."""
     if not eligible(prob):
         return None
-    from solver.recover import GUESS_TIGHT, Recovery, _kkt, kkt_terms, tight_masks
+    from solver.recover import GUESS_TIGHT, NUMPY_OPS, Recovery, _kkt, kkt_terms, tight_masks
     B, n, m, p = prob.B, prob.n, prob.m, prob.p
     A, c, b, x = _host(prob.A.A), _host(prob.c), _host(prob.b), _host(x)
     E, b_eq = (None, None) if prob.A_eq is None else (_host(prob.A_eq.A), _host(prob.b_eq))
@@ -142,9 +142,9 @@ def recover_guess(prob, x: torch.Tensor, accept_tol: float):
     if p:
         stat = stat + _rows_t(E, uE)
         rE = _rows(E, z) - b_eq
-    measures = kkt_terms(np, z, uA, uz, uE, _rows(A, z) - b, rE, stat, c, b, b_eq, h_scale,
+    measures = kkt_terms(NUMPY_OPS, z, uA, uz, uE, _rows(A, z) - b, rE, stat, c, b, b_eq, h_scale,
                          c_norm)
-    kkt = _kkt(measures, np)
+    kkt = _kkt(measures, NUMPY_OPS)
     if not bool((kkt <= accept_tol).all()):
         return None
     t = torch.from_numpy
