@@ -1,8 +1,9 @@
 r"""``forward="highs"``: HiGHS solves the LP on the CPU, the active-set backward differentiates it.
 
 For a large general LP on the CPU, a simplex code is the fastest exact forward; what it lacks
-is a gradient.  This backend takes HiGHS's optimal vertex (``scipy.optimize.linprog(method=
-"highs")``, one LP at a time), then does exactly what the Newton path does after its last
+is a gradient.  This backend takes HiGHS's optimal vertex (scipy's HiGHS bindings with the
+options of ``scipy.optimize.linprog(method="highs")``, without its wrapper: :func:`_highs_direct`;
+one LP at a time), then does exactly what the Newton path does after its last
 penalty solve (:func:`solver.recover.recover_vertex`): the active set ``T`` (rows and bounds
 tight at the vertex), one active-set solve that snaps the vertex onto ``{G_T z = h_T}`` (HiGHS
 stops at its 1e-7 feasibility tolerance; the snap makes it exact to roundoff), the same KKT
@@ -29,6 +30,7 @@ import time
 import warnings
 
 import numpy as np
+import scipy.sparse as sp
 import torch
 from scipy.optimize import linprog
 
@@ -54,21 +56,102 @@ def _vec(t, i):
 
 def _solve_one(prob, i, A, E, deadline=None):
     c = _vec(prob.c, i)
-    kw = dict(A_ub=A if prob.m else None, b_ub=_vec(prob.b, i) if prob.m else None,
-              A_eq=E, b_eq=None if E is None else _vec(prob.b_eq, i),
-              bounds=(0, None), method="highs")
-    if deadline is not None:
-        # HiGHS's own clock stops it at the time left (status 1 below)
-        kw["options"] = {"time_limit": max(1e-3, deadline - time.perf_counter())}
-    res = linprog(c, **kw)
+    b = _vec(prob.b, i) if prob.m else None
+    b_eq = None if E is None else _vec(prob.b_eq, i)
+    # HiGHS's own clock stops it at the time left (status 1 below)
+    limit = None if deadline is None else max(1e-3, deadline - time.perf_counter())
+    res = _highs(c, A if prob.m else None, b, E, b_eq, limit)
     if res.status == 1:
         return res, "time_limit"
     kind = {2: "infeasible", 3: "unbounded"}.get(res.status)
     if res.status == 4 and "unbounded or infeasible" in res.message.lower():
         # HiGHS's presolve can stop at "unbounded or infeasible": a feasibility LP decides
-        feas = linprog(np.zeros_like(c), **kw)
+        feas = _highs(np.zeros_like(c), A if prob.m else None, b, E, b_eq, limit)
         kind = "infeasible" if feas.status == 2 else "unbounded"
     return res, kind
+
+
+def _highs(c, A, b, E, b_eq, time_limit):
+    """``linprog(c, A_ub=A, b_ub=b, A_eq=E, b_eq=b_eq, bounds=(0, None), method="highs")``
+    with HiGHS called directly (:func:`_highs_direct`) where scipy's bindings are there."""
+    if _h is None:
+        kw = {} if time_limit is None else {"options": {"time_limit": time_limit}}
+        return linprog(c, A_ub=A, b_ub=b, A_eq=E, b_eq=b_eq, bounds=(0, None), method="highs",
+                       **kw)
+    return _highs_direct(c, A, b, E, b_eq, time_limit)
+
+
+try:    # the HiGHS bindings scipy (pinned) ships and linprog calls
+    from scipy.optimize._highspy import _core as _h
+except ImportError:      # pragma: no cover - another scipy: linprog itself
+    _h = None
+
+# linprog's status codes for HiGHS's model status (scipy.optimize._linprog_highs)
+_STATUS = {} if _h is None else {
+    _h.HighsModelStatus.kOptimal: 0, _h.HighsModelStatus.kTimeLimit: 1,
+    _h.HighsModelStatus.kIterationLimit: 1, _h.HighsModelStatus.kInfeasible: 2,
+    _h.HighsModelStatus.kModelError: 2, _h.HighsModelStatus.kUnbounded: 3}
+
+
+class _Result:
+    """The fields of linprog's result that :func:`highs_forward` reads."""
+
+    def __init__(self, status, message, x=None, row_dual=None, col_dual=None, m=0, nit=0):
+        self.status, self.message, self.x, self.nit = status, message, x, nit
+        if x is not None:   # linprog's marginals: d(value)/d(rhs) of the rows, the bounds
+            self.ineqlin = _Marginals(row_dual[:m])
+            self.eqlin = _Marginals(row_dual[m:])
+            self.lower = _Marginals(col_dual)
+
+
+class _Marginals:
+    def __init__(self, marginals):
+        self.marginals = marginals
+
+
+def _highs_direct(c, A, b, E, b_eq, time_limit):
+    """HiGHS on ``min c^T z, A z <= b, E z = b_eq, z >= 0`` through scipy's bindings, with the
+    options ``linprog(method="highs")`` sets (presolve on, dual simplex, no output) but not its
+    wrapper: linprog re-validates and converts the inputs, builds a CSC copy and reads the
+    bound multipliers in a Python loop over the columns -- ~4 ms of the ~9 ms it took on the
+    n = 500 LPs of ``scripts/time_sparse_lp.py`` (issue 20).  The rows go to HiGHS as CSR
+    (its row-wise format).  ``lower.marginals`` are the columns' reduced costs (linprog's keep
+    them only at the nonbasic columns; at the basic ones they are zero up to roundoff, and
+    :func:`solver.recover.recover_vertex` tries its least-norm multipliers first anyway)."""
+    n, m = c.size, 0 if A is None else A.shape[0]
+    p = 0 if E is None else E.shape[0]
+    rows = [sp.csr_matrix(X) for X in (A, E) if X is not None]     # (no copy if CSR)
+    M = rows[0] if len(rows) == 1 else sp.vstack(rows, format="csr")
+    lp = _h.HighsLp()
+    lp.num_col_, lp.num_row_ = n, m + p
+    mat = lp.a_matrix_
+    mat.num_col_, mat.num_row_, mat.format_ = n, m + p, _h.MatrixFormat.kRowwise
+    mat.start_, mat.index_, mat.value_ = M.indptr, M.indices, M.data
+    lp.col_cost_ = c
+    lp.col_lower_, lp.col_upper_ = np.zeros(n), np.full(n, _h.kHighsInf)
+    lo = np.full(m, -_h.kHighsInf)
+    lp.row_lower_ = lo if E is None else np.concatenate([lo, b_eq])
+    lp.row_upper_ = b if E is None else (b_eq if A is None else np.concatenate([b, b_eq]))
+    highs, opts = _h._Highs(), _h.HighsOptions()
+    opts.output_flag = opts.log_to_console = False
+    opts.presolve = "on"
+    opts.simplex_strategy = int(_h.simplex_constants.SimplexStrategy.kSimplexStrategyDual)
+    if time_limit is not None:
+        opts.time_limit = float(time_limit)
+    highs.passOptions(opts)
+    highs.passModel(lp)
+    highs.run()
+    status = highs.getModelStatus()
+    text = highs.modelStatusToString(status)
+    code = _STATUS.get(status, 4)
+    if status == _h.HighsModelStatus.kUnboundedOrInfeasible:
+        text = "The problem is unbounded or infeasible. " + text
+    if code != 0:
+        return _Result(code, text)
+    sol, info = highs.getSolution(), highs.getInfo()
+    return _Result(0, text, np.array(sol.col_value), np.array(sol.row_dual),
+                   np.array(sol.col_dual), m,
+                   info.simplex_iteration_count or info.ipm_iteration_count)
 
 
 def _fail(kind, idx, detail):
