@@ -19,6 +19,7 @@ Each row times fwd+bwd (``(z * w).sum().backward()``) of ``solve_lp`` under one
         [--eps-warmup 0,1,10]   # Newton steps and time with and without the eps warm-up
     OMP_NUM_THREADS=1 python scripts/time_sparse_lp.py --cases ones,sparse --solvers "" \
         --highs-forward --without-lu --repeats 41   # forward='highs' + backward vs HiGHS
+        [--highs-core]   # also vs HiGHS through scipy's bindings, without linprog's wrapper
 """
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ import torch
 from scipy.optimize import linprog
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from solver import active_lu, solve_lp  # noqa: E402
+from solver import active_lu, highs, solve_lp  # noqa: E402
 
 LU_MIN_N = active_lu.ACTIVE_LU_MIN_N
 
@@ -131,6 +132,10 @@ def main():
     ap.add_argument("--without-lu", action="store_true",
                     help="also time forward='highs' with the sparse active-set LU switched off "
                          "(the normal-equations recovery it replaced)")
+    ap.add_argument("--highs-core", action="store_true",
+                    help="with --highs-forward: also divide by HiGHS called through scipy's "
+                         "bindings without linprog's wrapper (solver.highs._highs_direct, what "
+                         "forward='highs' calls), timed alternately")
     ap.add_argument("--cvxpylayers", action="store_true",
                     help="also time cvxpylayers (SCS) fwd+bwd on the AUC LP")
     args = ap.parse_args()
@@ -152,15 +157,18 @@ def main():
                      for w in args.eps_warmup.split(",") if w]
         if args.highs_forward:
             variants.append(("forward=highs", dict(forward="highs")))
+        if args.highs_forward and args.highs_core:
+            variants.append(("forward=highs / core", dict(forward="highs")))
         if args.without_lu:
             variants.append(("forward=highs, no LU", dict(forward="highs")))
         for label, kw in variants:
             # "no LU": the recovery's least-squares path (normal equations), as before issue 20
             active_lu.ACTIVE_LU_MIN_N = 10 ** 9 if label.endswith("no LU") else LU_MIN_N
             # HiGHS alone is timed again, interleaved with this variant: ratio under one load
-            th_pair, t, sol = timed_pair(
-                lambda: linprog(c, A_ub=A, b_ub=b, bounds=(0, None), method="highs"),
-                ours(c, A, b, w, **kw), args.repeats)
+            base = (lambda: highs._highs_direct(c, A, b, None, None, None)) \
+                if label.endswith("/ core") else \
+                (lambda: linprog(c, A_ub=A, b_ub=b, bounds=(0, None), method="highs"))
+            th_pair, t, sol = timed_pair(base, ours(c, A, b, w, **kw), args.repeats)
             err = abs(float(sol.value.detach()) - res.fun) / (1 + abs(res.fun))
             print(f"{name:8} {label:24} {1e3 * t:9.1f} {t / th_pair:8.2f} "
                   f"{sol.stats['iterations']:7d} {sol.stats['linear_solver']:>9}  {err:.1e}  "
