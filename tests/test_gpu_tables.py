@@ -53,6 +53,7 @@ def test_plan_keeps_the_prefix_that_fits_and_shortens_when_the_first_block_does_
                            block=16)["projected_s"] == pytest.approx(3 * (23.2 + 4 * 2.0))
 
 
+@pytest.mark.slow   # ~25 s idle; gpu_campaign.sh (the device command now) keeps a fast end-to-end test
 def test_end_to_end_on_the_cpu_with_a_few_steps(tmp_path):
     env = {**os.environ, "OUT": str(tmp_path / "out"), "PY": sys.executable, "OMP_NUM_THREADS": "1",
            "BUDGET": "200", "STEPS": "6", "EVAL_EVERY": "3", "SEEDS": "0", "LRS": "0.1", "DEVICE": "cpu"}

@@ -21,7 +21,7 @@ from objectives.common import check_labels, labels_checked
 from packed import PackedStep, pack
 from packed.launch import Job, train_packed
 from tests.test_packed import (FLAT, IMAGE, MIXED, NaNAfter, Run, batches, build, configs, run_pack,
-                               sgd_stepper)
+                               sgd_stepper, small_cnn)
 
 
 def stepper_of(compose_cfg, make_model, specs, sync_free):
@@ -32,8 +32,9 @@ def stepper_of(compose_cfg, make_model, specs, sync_free):
                                     [r.scheduler for r in runs], sync_free=sync_free)
 
 
-@pytest.mark.parametrize("make", [lambda: MLP(2, FLAT, hidden=[32, 16]), lambda: resnet18(2, IMAGE)],
-                         ids=["mlp", "resnet18"])
+@pytest.mark.parametrize("make", [lambda: MLP(2, FLAT, hidden=[32, 16]), small_cnn,
+                                  pytest.param(lambda: resnet18(2, IMAGE), marks=pytest.mark.slow)],
+                         ids=["mlp", "conv_bn", "resnet18"])
 def test_sync_free_step_equals_the_eager_step_bitwise(float64_default, compose_cfg, make):
     shape = FLAT if make().__class__ is MLP else IMAGE
     specs = MIXED + [("ce", 0.01, 5, True)]
@@ -87,9 +88,9 @@ def test_sync_free_finds_a_nonfinite_loss_at_its_step_and_leaves_the_others(floa
 
 def test_sync_free_names_nonfinite_scores_and_feeds_the_objective_zeros(float64_default):
     torch.manual_seed(0)
-    models = [resnet18(2, IMAGE) for _ in range(3)]
+    models = [small_cnn() for _ in range(3)]
     with torch.no_grad():
-        models[2].conv1.weight[0, 0, 0, 0] = float("nan")
+        models[2][0].weight[0, 0, 0, 0] = float("nan")
     seen = []
 
     class Spy(NaNAfter):
