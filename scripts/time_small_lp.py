@@ -112,7 +112,7 @@ def cvxpy_main(args):
     the two blocks alternating from round to round (ours first, then cvxpylayers first, ...), so
     both see the same machine load; a block's first pass is a warm-up after the switch and is
     not counted (a cvxpylayers call evicts the caches ours runs from: ours' first call after
-    one took ~1.3-1.7x its steady time on this machine).  A round's ratio is the ratio of the
+    one took ~1.2-1.3x its steady time on this machine).  A round's ratio is the ratio of the
     two medians of the per-call times; the script prints every round and the median ratio."""
     torch.set_num_threads(1)
     root = (args.code or ROOT).resolve()
