@@ -103,17 +103,28 @@ def phi_of_logits(logits: torch.Tensor, phi: str = "softmax") -> torch.Tensor:
         raise ValueError(f"phi must be one of {PHI}; got {phi!r}")
     if logits.dim() != 2 or logits.shape[1] not in (1, 2):
         raise ValueError(f"ratio objectives are binary: logits [B, 2] (or [B, 1]); got {tuple(logits.shape)}")
-    # l_1 - l_0 as one product (one graph node; the same value: x * -1 and x * 1 are exact)
-    margin = logits[:, 0] if logits.shape[1] == 1 else \
-        logits @ torch.tensor([-1.0, 1.0], dtype=logits.dtype, device=logits.device)
+    # m / 2 = (l_1 - l_0) / 2 as one product, one graph node: the same value as the division
+    # (x * 0.5 is exact and the sum is rounded once, as l_1 - l_0 is)
+    half = logits[:, 0] / 2 if logits.shape[1] == 1 else logits @ _half_diff(logits)
     if phi == "tanh":
-        return torch.tanh(margin)
-    soft = torch.tanh(margin / 2)
+        return torch.tanh(2 * half)
+    soft = torch.tanh(half)
     if phi == "softmax":
         return soft
     # sign: m > 0 -> +1 else -1, the same tie rule as the argmax prediction (class 0 on a tie)
-    forward = soft if phi == "softmax_st" else torch.where(margin > 0, 1.0, -1.0).to(soft.dtype)
-    return (forward - margin / 2).detach() + margin / 2
+    forward = soft if phi == "softmax_st" else torch.where(half > 0, 1.0, -1.0).to(soft.dtype)
+    return (forward - half).detach() + half
+
+
+_HALF_DIFF: dict[tuple, torch.Tensor] = {}
+
+
+def _half_diff(logits: torch.Tensor) -> torch.Tensor:
+    """``[-1/2, 1/2]`` in the logits' dtype and device (made once per pair)."""
+    key = (logits.dtype, logits.device)
+    if key not in _HALF_DIFF:
+        _HALF_DIFF[key] = torch.tensor([-0.5, 0.5], dtype=logits.dtype, device=logits.device)
+    return _HALF_DIFF[key]
 
 
 class RatioLPLoss(Objective):

@@ -18,15 +18,16 @@ they were most of the F1 loss's time (issue 20, item 4).  Here ``M`` is gathered
 copy of the data and factorised by LAPACK (``getrf``, ~0.05 ms at n = 65); every solve is a
 pair of triangular solves (``getrs``) on the host.
 
-The LU is used only where LAPACK's condition estimate (``getcon``, 1-norm) says
-``cond(M) <= sqrt(_CHOL_COND_MAX) = 1e4``: the bound under which the Cholesky path
-(:func:`solver.linsolve._certified_cholesky`, ``cond(K_T) = cond(M)^2 <= 1e8``) factorises
-``K_T``, far below where its eigen fallback would drop a direction, so both paths compute the
-same vertex, multipliers and backward up to roundoff.  Otherwise (a degenerate vertex with more
-tight rows than ``n``, fewer rows, a singular or ill-conditioned ``M``, GPU or structured data,
-a large batch) :func:`square_system` returns ``None`` and the caller keeps the least-squares
-path.  The KKT check after it certifies whichever path ran
-(:func:`solver.recover.recover_guess`).
+The LU is used only where LAPACK's condition estimate (``getcon``, 1-norm; an estimate, not
+a bound, usually within a small factor) says ``cond(M) <= sqrt(_CHOL_COND_MAX) = 1e4``: the
+bound under which the Cholesky path (:func:`solver.linsolve._certified_cholesky`,
+``cond(K_T) = cond(M)^2 <= 1e8``) factorises ``K_T``, far below where its eigen fallback would
+drop a direction, so both paths compute the same vertex, multipliers and backward up to
+roundoff.  Otherwise (a degenerate vertex with more tight rows than ``n``, fewer rows, a
+singular or ill-conditioned ``M``, a guess that fails the KKT check, GPU, float32 or structured
+data, a large batch) :func:`recover_guess` returns ``None`` and the caller
+(:func:`solver.solve.run_from_guess`) runs :func:`solver.recover.recover_guess`, the torch
+path, from the start.  Used for a ``vertex_guess`` only (the ratio losses' closed form).
 """
 from __future__ import annotations
 
@@ -39,20 +40,20 @@ from solver.operators import DenseOperator
 
 # the host LU is O(n^3) like the dense normal equations it replaces; above this n a sparse or
 # iterative path is the better choice anyway
-DENSE_INVERSE_MAX_N = 1024
+DENSE_LU_MAX_N = 1024
 # cond(M) bound of the LU path: the Cholesky path's cond(K_T) <= _CHOL_COND_MAX with
 # cond(K_T) = cond(M)^2 (2-norm; LAPACK's getcon estimates the 1-norm one, within a small factor)
 _COND_MAX = _CHOL_COND_MAX ** 0.5
 # LPs are factorised one at a time on the host: a large batch keeps the batched torch path
-DENSE_INVERSE_MAX_B = 16
+DENSE_LU_MAX_B = 16
 
 
 def eligible(prob) -> bool:
     """Dense float64 ``A`` / ``A_eq`` on the CPU, small ``n`` and batch (float32 LPs keep the
     torch path, whose KKT measures are computed in float32)."""
     return (prob.device.type == "cpu" and prob.dtype == torch.float64
-            and prob.n <= DENSE_INVERSE_MAX_N
-            and prob.B <= DENSE_INVERSE_MAX_B and type(prob.A) is DenseOperator
+            and prob.n <= DENSE_LU_MAX_N
+            and prob.B <= DENSE_LU_MAX_B and type(prob.A) is DenseOperator
             and (prob.A_eq is None or type(prob.A_eq) is DenseOperator))
 
 

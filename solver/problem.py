@@ -175,7 +175,10 @@ def build_problem(c, A, b, A_eq=None, b_eq=None, *, compute_dtype=None,
     # overflow, which only sends us to the exact per-tensor check that names the culprit)
     if check_finite:
         with torch.no_grad():
-            sums = torch.stack([t.sum(dtype=torch.float64) for _, t in named]).tolist()
+            sums = [t.sum(dtype=torch.float64) for _, t in named]
+            # (.item() syncs nothing on the CPU; on a GPU one transfer for all)
+            sums = [v.item() for v in sums] if c.device.type == "cpu" else \
+                torch.stack(sums).tolist()
     if check_finite and not all(math.isfinite(v) for v in sums):
         for name, t in named:
             _check_finite(name, t)

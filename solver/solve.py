@@ -5,7 +5,8 @@ Algorithm (seed 002 sec. 4; Mangasarian 2004, "A Newton method for linear progra
 minimization", JMLR 7):
 
 0. with ``vertex_guess`` (a caller's closed-form vertex): certify it by one active-set solve and
-   the KKT check of step 2; when every LP passes, steps 1-3 are skipped;
+   the KKT check of step 2 (on the host for a small dense CPU LP with a square active system:
+   :mod:`solver.dense_active`); when every LP passes, steps 1-3 are skipped;
 1. minimise the exterior penalty :math:`g_\varepsilon` by generalized Newton
    (:mod:`solver.newton`), warm-started across eps, after Newton-only warm-up stages at larger
    eps (``eps_warmup``: they let the first steps see the rows, see :mod:`solver.options`);
