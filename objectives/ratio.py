@@ -41,8 +41,9 @@ Measured on Cat&Dog, ResNet-18, 2,000 steps (``results/f1_catdog/README.md``): t
 relaxation ends all-positive (test accuracy 0.50) at lr 0.1 and 0.01; so do ``bound="mid"``
 and ``margin`` without straight-through scores, and a hard ``phi="sign"`` ends at chance;
 straight-through scores without a margin reach 0.61 at lr 0.01 (0.50 at lr 0.1).  What trains
-is both fixes (test F1 0.797 / 0.827, accuracy 0.782 / 0.815 for seeds 0 / 1 at lr 0.01;
-cross-entropy 0.760, 0.778):
+is both fixes (at commit 89b6da9, lr 0.01, seeds 0 / 1: test F1 0.672 / 0.803, accuracy
+0.737 / 0.786; cross-entropy at lr 0.01: 0.745 / 0.820 and 0.781 / 0.819, so the recipe trains
+but is not shown to beat cross-entropy):
 
 * ``margin`` :math:`\mu`: the boxes are built from :math:`\phi_i - \mu(2Y_i - 1)`, so a sample
   counts fully only beyond :math:`\pm\mu` on its own side (the role :math:`\epsilon` plays in the
