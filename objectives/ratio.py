@@ -104,9 +104,15 @@ def phi_of_logits(logits: torch.Tensor, phi: str = "softmax") -> torch.Tensor:
         raise ValueError(f"phi must be one of {PHI}; got {phi!r}")
     if logits.dim() != 2 or logits.shape[1] not in (1, 2):
         raise ValueError(f"ratio objectives are binary: logits [B, 2] (or [B, 1]); got {tuple(logits.shape)}")
-    # m / 2 = (l_1 - l_0) / 2 as one product, one graph node: the same value as the division
-    # (x * 0.5 is exact and the sum is rounded once, as l_1 - l_0 is)
-    half = logits[:, 0] / 2 if logits.shape[1] == 1 else logits @ _half_diff(logits)
+    # m / 2 = (l_1 - l_0) / 2.  On the CPU as one product, one graph node: the same value as
+    # the division (x * 0.5 is exact and the sum is rounded once, as l_1 - l_0 is).  Not on a
+    # GPU, where a float32 matmul may run in TF32 (torch.set_float32_matmul_precision).
+    if logits.shape[1] == 1:
+        half = logits[:, 0] / 2
+    elif logits.device.type == "cpu":
+        half = logits @ _half_diff(logits)
+    else:
+        half = (logits[:, 1] - logits[:, 0]) / 2
     if phi == "tanh":
         return torch.tanh(2 * half)
     soft = torch.tanh(half)
@@ -121,7 +127,7 @@ _HALF_DIFF: dict[tuple, torch.Tensor] = {}
 
 
 def _half_diff(logits: torch.Tensor) -> torch.Tensor:
-    """``[-1/2, 1/2]`` in the logits' dtype and device (made once per pair)."""
+    """``[-1/2, 1/2]`` in the logits' dtype (CPU; made once per dtype)."""
     key = (logits.dtype, logits.device)
     if key not in _HALF_DIFF:
         _HALF_DIFF[key] = torch.tensor([-0.5, 0.5], dtype=logits.dtype, device=logits.device)

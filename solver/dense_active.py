@@ -81,9 +81,8 @@ class DenseActiveLU:
                          for i, (lu, piv) in enumerate(self.lus)])
 
     def solve(self, r: torch.Tensor) -> torch.Tensor:
-        r64 = _host(r.to(torch.float64).expand(len(self.lus), r.shape[-1]))
-        x = np.stack([lapack.dgetrs(lu, piv, lapack.dgetrs(lu, piv, r64[i], trans=1)[0])[0]
-                      for i, (lu, piv) in enumerate(self.lus)])
+        y = self.solve_t(_host(r.to(torch.float64).expand(len(self.lus), r.shape[-1])))
+        x = np.stack([lapack.dgetrs(lu, piv, y[i])[0] for i, (lu, piv) in enumerate(self.lus)])
         return torch.from_numpy(x).to(r.dtype)
 
 

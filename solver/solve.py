@@ -229,15 +229,13 @@ def _stats(prob, run, method, seconds, forward="newton"):
     # one host transfer for all the scalars (float64 holds every value exactly)
     with torch.no_grad():
         f64 = torch.float64
-        if prob.B == 1 and prob.device.type == "cpu":   # .item() syncs nothing on the CPU
-            vals = [t.item() for t in (run["iterations"], run["done"], rec.kkt, rec.primal_inf,
-                                       rec.dual_res, rec.gap, active, run["eps"],
-                                       run["eps_steps"])]
-        elif prob.B == 1:  # worst case over one LP = its value; cat promotes to a common dtype
-            vals = torch.cat([run["iterations"], run["done"], per["kkt_residual"].reshape(1),
-                              rec.primal_inf,
-                              rec.dual_res, rec.gap, active.float(), run["eps"],
-                              run["eps_steps"]]).tolist()
+        if prob.B == 1:   # worst case over one LP = its value
+            one = [run["iterations"], run["done"], rec.kkt.reshape(1), rec.primal_inf,
+                   rec.dual_res, rec.gap, active.float(), run["eps"], run["eps_steps"]]
+            # .item() syncs nothing on the CPU; elsewhere cat (promoting to a common dtype)
+            # makes it one transfer
+            vals = ([t.item() for t in one] if prob.device.type == "cpu"
+                    else torch.cat(one).tolist())
         else:
             vals = torch.stack([run["iterations"].max().to(f64), run["done"].all().to(f64),
                                 per["kkt_residual"].max().to(f64),
