@@ -8,10 +8,12 @@
 
 * ``ones``: the ``sparse`` LP with its last random row replaced by a ones-row (budget
   ``1^T z <= s``; issue 20's instance, ``m = 1,001``): ``A^T W A`` is dense, so the active-set
-  recovery factorises the active rows by a sparse LU (``solver/active_lu.py``).
+  recovery factorises the active rows by a sparse LU (``solver/active_lu.py`` for Newton;
+  ``solver/square_active.py`` for HiGHS's vertex).
 
-Each row times fwd+bwd (``(z * w).sum().backward()``) of ``solve_lp`` under one
-``linear_solver`` setting, the median of ``--repeats`` calls, and HiGHS's forward alone
+Each row times fwd+bwd (``(z * w).sum().backward()``; the forward alone with
+``--forward-only``) of ``solve_lp`` under one ``linear_solver`` setting, the median of
+``--repeats`` calls, and HiGHS's forward alone
 (``scipy.optimize.linprog(method="highs")``), in float64 on one CPU thread; the ratio
 ``/HiGHS`` divides by HiGHS timed alternately with that row (same load).  Run:
 
@@ -20,6 +22,7 @@ Each row times fwd+bwd (``(z * w).sum().backward()``) of ``solve_lp`` under one
     OMP_NUM_THREADS=1 python scripts/time_sparse_lp.py --cases ones,sparse --solvers "" \
         --highs-forward --without-lu --repeats 41   # forward='highs' + backward vs HiGHS
         [--highs-core]   # also vs HiGHS through scipy's bindings, without linprog's wrapper
+        [--forward-only]  # every row times the forward alone (no backward)
 """
 from __future__ import annotations
 
@@ -36,9 +39,10 @@ import torch
 from scipy.optimize import linprog
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from solver import active_lu, highs, solve_lp  # noqa: E402
+from solver import active_lu, highs, solve_lp, square_active  # noqa: E402
 
 LU_MIN_N = active_lu.ACTIVE_LU_MIN_N
+HOST_ELIGIBLE = square_active.eligible
 
 warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
 
@@ -93,11 +97,12 @@ def timed_pair(base, fn, repeats):
     return statistics.median(tb), statistics.median(tf), out
 
 
-def ours(c, A, b, w, **kw):
+def ours(c, A, b, w, backward=True, **kw):
     def run():
         bt = torch.tensor(b, requires_grad=True)
         sol = solve_lp(torch.tensor(c), torch_csr(A), bt, **kw)
-        (sol.z * w).sum().backward()
+        if backward:
+            (sol.z * w).sum().backward()
         return sol
     return run
 
@@ -136,6 +141,8 @@ def main():
                     help="with --highs-forward: also divide by HiGHS called through scipy's "
                          "bindings without linprog's wrapper (solver.highs._highs_direct, what "
                          "forward='highs' calls), timed alternately")
+    ap.add_argument("--forward-only", action="store_true",
+                    help="time solve_lp's forward alone (the default times fwd+bwd)")
     ap.add_argument("--cvxpylayers", action="store_true",
                     help="also time cvxpylayers (SCS) fwd+bwd on the AUC LP")
     args = ap.parse_args()
@@ -163,12 +170,16 @@ def main():
             variants.append(("forward=highs, no LU", dict(forward="highs")))
         for label, kw in variants:
             # "no LU": the recovery's least-squares path (normal equations), as before issue 20
-            active_lu.ACTIVE_LU_MIN_N = 10 ** 9 if label.endswith("no LU") else LU_MIN_N
+            # (neither the host LU of solver.square_active nor the torch path's sparse LU)
+            no_lu = label.endswith("no LU")
+            active_lu.ACTIVE_LU_MIN_N = 10 ** 9 if no_lu else LU_MIN_N
+            square_active.eligible = (lambda prob: None) if no_lu else HOST_ELIGIBLE
             # HiGHS alone is timed again, interleaved with this variant: ratio under one load
             base = (lambda: highs._highs_direct(c, A, b, None, None, None)) \
                 if label.endswith("/ core") else \
                 (lambda: linprog(c, A_ub=A, b_ub=b, bounds=(0, None), method="highs"))
-            th_pair, t, sol = timed_pair(base, ours(c, A, b, w, **kw), args.repeats)
+            th_pair, t, sol = timed_pair(base, ours(c, A, b, w, not args.forward_only, **kw),
+                                         args.repeats)
             err = abs(float(sol.value.detach()) - res.fun) / (1 + abs(res.fun))
             print(f"{name:8} {label:24} {1e3 * t:9.1f} {t / th_pair:8.2f} "
                   f"{sol.stats['iterations']:7d} {sol.stats['linear_solver']:>9}  {err:.1e}  "

@@ -42,10 +42,10 @@ def eligible(prob) -> bool:
     return all(op is None or row_counts(op) is not None for op in (prob.A, prob.A_eq))
 
 
-def _active_matrix_t(prob, i, rows, bounds):
-    """``M^T`` as a CSC matrix (the CSR arrays of ``M``, read column-wise: no conversion)."""
-    A = host_matrix(prob, "A", i, sparse=True).tocsr()
-    blocks = [(A, rows)]
+def active_rows(prob, i, rows):
+    """``S = [A_T; A_eq]`` of LP ``i`` (the rows ``rows`` of ``A``, then every equality row) as
+    CSR arrays ``(data, indices, row lengths)``, gathered from the host copies' arrays."""
+    blocks = [(host_matrix(prob, "A", i, sparse=True).tocsr(), rows)]
     if prob.A_eq is not None:
         E = host_matrix(prob, "A_eq", i, sparse=True).tocsr()
         blocks.append((E, np.arange(E.shape[0])))
@@ -57,11 +57,16 @@ def _active_matrix_t(prob, i, rows, bounds):
         lens.append(cnt)
         idx.append(X.indices[pos])
         dat.append(X.data[pos])
-    lens.append(np.ones(bounds.size, dtype=np.int64))
-    idx.append(bounds)
-    dat.append(np.ones(bounds.size))
-    indptr = np.concatenate([[0], np.cumsum(np.concatenate(lens))])
-    return sp.csc_matrix((np.concatenate(dat), np.concatenate(idx).astype(np.int32),
+    return np.concatenate(dat), np.concatenate(idx), np.concatenate(lens)
+
+
+def _active_matrix_t(prob, i, rows, bounds):
+    """``M^T`` as a CSC matrix (the CSR arrays of ``M``, read column-wise: no conversion)."""
+    dat, idx, lens = active_rows(prob, i, rows)
+    lens = np.concatenate([lens, np.ones(bounds.size, dtype=np.int64)])
+    indptr = np.concatenate([[0], np.cumsum(lens)])
+    return sp.csc_matrix((np.concatenate([dat, np.ones(bounds.size)]),
+                          np.concatenate([idx, bounds]).astype(np.int32),
                           indptr.astype(np.int32)), shape=(prob.n, prob.n))
 
 

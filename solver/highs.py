@@ -9,7 +9,11 @@ tight at the vertex), one active-set solve that snaps the vertex onto ``{G_T z =
 stops at its 1e-7 feasibility tolerance; the snap makes it exact to roundoff), the same KKT
 certificate with least-norm multipliers on ``T``, and the same ``K_T`` factorisation that the
 active-set backward (:mod:`solver.implicit`) solves with.  So ``z``, ``value``, ``dual`` and the
-gradients equal the Newton forward's wherever the optimum is unique.
+gradients equal the Newton forward's wherever the optimum is unique.  Where ``T`` is square (a
+nondegenerate vertex) and the data are float64 on the CPU, all of this runs on the host with one
+LU per LP (:mod:`solver.square_active`: SuperLU of the active rows with the active bounds
+eliminated; ``stats["active_factor"] == "sparse_lu"``, or ``"dense_lu"`` for a small dense LP);
+anything else goes through the torch recovery.
 
 ``forward="auto"`` (the default) also ends here for the LPs Newton hands over (stalled, not
 converged, out of time, diverged; ``only=``), and for a large general LP on the CPU.  HiGHS
@@ -35,6 +39,7 @@ import torch
 from scipy.optimize import linprog
 
 from solver.errors import LPInputError, LPNotConvergedWarning, LPSolverError, LPTimeLimitError
+from solver import square_active
 from solver.recover import recover_vertex
 from solver.scipy_ops import host_matrix
 
@@ -218,9 +223,12 @@ def highs_forward(prob, opts, method, deadline=None, only=None, start=None):
         return torch.as_tensor(np.stack(rows), dtype=prob.dtype, device=prob.device)
 
     x = t(xs)
-    u = (t(uA), t(uz), None if prob.A_eq is None else t(uE))
-    rec = recover_vertex(prob, x, u, method=method, cg_tol=opts.cg_tol,
-                         cg_max_iter=4 * opts.cg_max_iter, accept_tol=opts.tol)
+    # a square active system (a nondegenerate vertex): factorised and certified on the host
+    rec = square_active.recover(prob, x, opts.tol, torch.finfo(prob.dtype).eps ** 0.5)
+    if rec is None:
+        u = (t(uA), t(uz), None if prob.A_eq is None else t(uE))
+        rec = recover_vertex(prob, x, u, method=method, cg_tol=opts.cg_tol,
+                             cg_max_iter=4 * opts.cg_max_iter, accept_tol=opts.tol)
     done = rec.kkt <= opts.tol
     if not bool(done.all()):
         idx = (~done).nonzero().flatten().tolist()

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from solver.dense_active import DenseActiveLU, square_output
+from solver.square_active import SquareActiveLU, square_output
 from solver.operators import DiagonalOperator
 
 
@@ -42,8 +42,10 @@ class _SolveK(torch.autograd.Function):
 def active_set_output(prob, z_star, system):
     """``z*`` carrying the implicit (active-set) Jacobian w.r.t. ``A, b, A_eq, b_eq``."""
     z_star = z_star.detach()
-    if isinstance(system, DenseActiveLU):      # a small dense LP's square active system
-        return square_output(prob, z_star, system)
+    if isinstance(system, SquareActiveLU):     # a square active system factorised on the host
+        out = square_output(prob, z_star, system)
+        if out is not None:
+            return out
     if (system.method == "diagonal" and system.pinv and type(prob.A) is DiagonalOperator
             and prob.A_eq is None and not prob.A.d.requires_grad):
         # A = diag(a) constant: F = a w_A (a z - b) + w_z z, so -K_T^+ dF/db = a w_A K_T^+

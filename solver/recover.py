@@ -95,7 +95,7 @@ class NUMPY_OPS:
 def kkt_terms(xp, z, uA, uz, uE, rA, rE, stat, c, b, b_eq, h_scale, c_norm):
     """``(primal_inf, dual_res, gap, value)`` from the residuals ``rA = A z - b``,
     ``rE = A_eq z - b_eq`` and the stationarity residual ``stat = c + A^T uA - uz + A_eq^T uE``;
-    ``xp``: ``TORCH_OPS`` or ``NUMPY_OPS`` (:mod:`solver.dense_active` certifies on the host)."""
+    ``xp``: ``TORCH_OPS`` or ``NUMPY_OPS`` (:mod:`solver.square_active` certifies on the host)."""
     # max(0, max_i rA_i, max_j -z_j) and max(0, max_i -uA_i, max_j -uz_j) in one reduction each
     inf = xp.clip0(xp.amax(xp.concatenate([rA, -z], -1), -1)) + 0.0   # + 0.0: no -0.0
     if rE is not None:

@@ -69,11 +69,18 @@ def row_counts(op: LinearOperator) -> torch.Tensor | None:
     """Nonzeros per row of ``A`` (the most over the batch), ``[m]``; ``None`` if ``op`` has a
     dense block.  ``sum(counts**2)`` bounds ``nnz(A^T W A)`` for every 0/1 ``W``."""
     if isinstance(op, SparseOperator):
-        m = op.shape[0]
-        if op.bidx is None:
-            return torch.bincount(op.row, minlength=m)
-        flat = torch.bincount(op.bidx * m + op.row, minlength=op.batch_size * m)
-        return flat.view(op.batch_size, m).amax(0)
+        # the pattern of an operator never changes: counted once (eligibility checks and the
+        # solver choice each ask for it)
+        counts = op.__dict__.get("_row_counts")
+        if counts is None:
+            m = op.shape[0]
+            if op.bidx is None:
+                counts = torch.bincount(op.row, minlength=m)
+            else:
+                flat = torch.bincount(op.bidx * m + op.row, minlength=op.batch_size * m)
+                counts = flat.view(op.batch_size, m).amax(0)
+            op.__dict__["_row_counts"] = counts
+        return counts
     if isinstance(op, DiagonalOperator):
         return torch.ones(op.shape[0], dtype=torch.long, device=op.d.device)
     if isinstance(op, (VStackOperator, HStackOperator)):

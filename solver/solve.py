@@ -5,8 +5,8 @@ Algorithm (seed 002 sec. 4; Mangasarian 2004, "A Newton method for linear progra
 minimization", JMLR 7):
 
 0. with ``vertex_guess`` (a caller's closed-form vertex): certify it by one active-set solve and
-   the KKT check of step 2 (on the host for a small dense CPU LP with a square active system:
-   :mod:`solver.dense_active`); when every LP passes, steps 1-3 are skipped;
+   the KKT check of step 2 (on the host for a float64 CPU LP with a square active system:
+   :mod:`solver.square_active`); when every LP passes, steps 1-3 are skipped;
 1. minimise the exterior penalty :math:`g_\varepsilon` by generalized Newton
    (:mod:`solver.newton`), warm-started across eps, after Newton-only warm-up stages at larger
    eps (``eps_warmup``: they let the first steps see the rows, see :mod:`solver.options`);
@@ -34,12 +34,12 @@ from solver.linsolve import NewtonSystem, choose_method, diag_scale
 from solver.newton import newton_penalty
 from solver.options import SolverOptions
 from solver.problem import build_problem
-from solver.recover import Recovery, recover, recover_guess
+from solver.recover import GUESS_TIGHT, Recovery, recover, recover_guess
 from solver.presolve import presolve, restore, restore_masks
 from solver.scaling import ruiz_factors, scale_problem
 from solver.sketch import make_sketch
 from solver.solution import LPSolution
-from solver import dense_active, diagnose
+from solver import diagnose, square_active
 
 BACKWARDS = ("active_set", "unrolled")
 
@@ -106,8 +106,8 @@ def run_from_guess(prob, opts, method):
     of :func:`run_eps_loop` when every LP passes the KKT check, else ``None`` (the eps loop
     then solves the whole batch, so results never depend on the guess)."""
     x = _guess(prob, opts)
-    # a small dense LP with a square active system: certified on the host (one LU per LP)
-    rec = dense_active.recover_guess(prob, x, opts.tol)
+    # a square active system: certified on the host (one LU per LP)
+    rec = square_active.recover(prob, x, opts.tol, GUESS_TIGHT)
     if rec is None:
         rec = recover_guess(prob, x, method=method, cg_tol=opts.cg_tol,
                             cg_max_iter=4 * opts.cg_max_iter, accept_tol=opts.tol)
@@ -253,8 +253,10 @@ def _stats(prob, run, method, seconds, forward="newton"):
              "eps": vals[7],
              "eps_steps": int(vals[8]),
              "linear_solver": method,
-             # the recovery's / backward's K_T solver: "active_lu" (sparse LU of the square
-             # active rows, solver.active_lu) or the linear_solver's least-squares path
+             # the recovery's / backward's K_T solver: "dense_lu" / "sparse_lu" (the square
+             # active system factorised on the host, solver.square_active), "active_lu" (its
+             # sparse LU inside the torch recovery, solver.active_lu) or the linear_solver's
+             # least-squares path
              "active_factor": getattr(rec.system, "factor_kind", method),
              "forward": forward,
              "cg_iterations": int(run["cg_iterations"]),

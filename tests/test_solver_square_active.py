@@ -1,4 +1,4 @@
-"""The host LU of a small dense LP's square active system (:mod:`solver.dense_active`,
+"""The host LU of a small dense LP's square active system (:mod:`solver.square_active`,
 issue 20 item 4): a certified ``vertex_guess`` of a dense CPU LP is snapped, its multipliers and
 its backward taken from one LAPACK LU of ``M = [A_T; A_eq; -I_Z]``.
 
@@ -15,7 +15,8 @@ import torch
 from scipy.optimize import linprog
 
 from solver import solve_lp
-from solver import dense_active
+from solver import square_active
+from solver.recover import GUESS_TIGHT
 
 f64 = torch.float64
 
@@ -148,11 +149,11 @@ def test_ill_conditioned_system_is_refused():
     torch path certifies the guess instead (and still solves the LP)."""
     c, A, b, E, be, z = tensors(*planted_lp(3, n=5, m=8, p=1, zeros=1))
     from solver.problem import build_problem
-    assert dense_active.recover_guess(build_problem(c, A, b, E, be), z[None], 1e-8) is not None
+    assert square_active.recover(build_problem(c, A, b, E, be), z[None], 1e-8, GUESS_TIGHT) is not None
     active = (A @ z - b).abs() <= 1e-12
     scale = torch.where(active, 1e6, 1.0)            # the active rows: cond(M) ~ 1e6
     prob = build_problem(c, A * scale[:, None], b * scale, E, be)
-    assert dense_active.recover_guess(prob, z[None], 1e-8) is None
+    assert square_active.recover(prob, z[None], 1e-8, GUESS_TIGHT) is None
     sol = solve_lp(c, A * scale[:, None], b * scale, E, be, vertex_guess=z)
     assert sol.stats["active_factor"] != "dense_lu"
     assert (sol.z - z).abs().max() <= 1e-8
