@@ -91,10 +91,24 @@ def row_counts(op: LinearOperator) -> torch.Tensor | None:
     return None
 
 
+# a row of A with more nonzeros than this (and than a tenth of n) is "dense": alone it would
+# fill A^T W A; up to MAX_DENSE_ROWS such rows the sparse Newton solve takes them as a
+# low-rank update of the rest (solver.sparse_factor) instead of factorising a dense K
+DENSE_ROW_MIN_NNZ = 32
+MAX_DENSE_ROWS = 16
+
+
+def dense_row_mask(counts, n: int):
+    """Rows whose nonzero count (``counts``, torch or numpy) marks them dense for ``n``
+    variables (see ``DENSE_ROW_MIN_NNZ``)."""
+    return counts > max(DENSE_ROW_MIN_NNZ, n // 10)
+
+
 def gram_nnz(prob) -> int | None:
-    """Upper bound of ``nnz(K)`` for the Newton matrix ``K`` of ``prob`` (``n`` + the
-    ``sum_i nnz(row_i)^2`` of ``A`` and ``A_eq``); ``None`` when ``A`` or ``A_eq`` has a dense
-    block (``K`` is then dense too)."""
+    """Upper bound of ``nnz(K)`` for the sparse Newton matrix ``K`` of ``prob`` (``n`` + the
+    ``sum_i nnz(row_i)^2`` of ``A`` and ``A_eq``, without the dense rows of ``A`` when there
+    are at most ``MAX_DENSE_ROWS``: those enter as a low-rank update); ``None`` when ``A`` or
+    ``A_eq`` has a dense block (``K`` is then dense too)."""
     nnz = prob.n
     for op in (prob.A, prob.A_eq):
         if op is None:
@@ -102,5 +116,9 @@ def gram_nnz(prob) -> int | None:
         counts = row_counts(op)
         if counts is None:
             return None
+        if op is prob.A:
+            dense = dense_row_mask(counts, prob.n)
+            if int(dense.sum()) <= MAX_DENSE_ROWS:
+                counts = counts[~dense]
         nnz += int(counts.square().sum())
     return nnz

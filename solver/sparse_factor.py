@@ -21,6 +21,20 @@ exactly 0 on the null space (a plain ridge would return ``r_null / rho`` there) 
 sparse counterpart of the Cholesky path's truncated eigendecomposition (which drops
 eigenvalues below ``10 n eps64 max``); ``fallbacks`` counts the LPs that needed it.
 
+Dense rows (issue 20 item 2): one row of ``A`` touching most variables (a budget row
+``1^T z <= s``) alone makes ``K`` dense.  Up to ``MAX_DENSE_ROWS`` rows that
+:func:`solver.scipy_ops.dense_row_mask` marks dense are left out of the pattern, and a Newton
+step (``delta > 0``, so the rest ``K_s`` is positive definite) solves with
+:math:`K = K_s + U^\top U`, :math:`U = W_d^{1/2} A_d` (the active dense rows) by the
+Sherman-Morrison-Woodbury identity
+:math:`K^{-1} r = y - Z (I + U Z)^{-1} U y`, :math:`y = K_s^{-1} r`, :math:`Z = K_s^{-1} U^\top`:
+one sparse LU of ``K_s`` and ``r_d`` extra solves per step instead of a dense ``n x n``
+factorisation, so the step costs what the sparse rows cost (the dense-column treatment of
+interior-point codes, e.g. Andersen 1996, "A modified Schur complement method for handling
+dense columns in interior-point methods for linear programming", ACM TOMS 22).  The
+minimum-norm solves (``pinv``, ``delta = 0``: ``K_s`` may be singular where only a dense row
+pins a variable) add ``U^T U`` to ``K_s`` and factorise the sum as before.
+
 These solves are plain data (scipy on the host): :func:`solver.linsolve.choose_method` never
 picks them when autograd must run through the Newton iterations (``backward="unrolled"``); the
 active-set backward only ever solves with a constant ``K_T``.
@@ -32,7 +46,7 @@ import scipy.sparse as sp
 import torch
 from scipy.sparse.linalg import splu
 
-from solver.scipy_ops import host_matrix
+from solver.scipy_ops import MAX_DENSE_ROWS, dense_row_mask, host_matrix
 
 # SuperLU options for a symmetric positive (semi)definite matrix
 _LU = dict(permc_spec="MMD_AT_PLUS_A", diag_pivot_thresh=0.0,
@@ -53,9 +67,18 @@ class _Pattern:
     sparse product instead of a row selection, a sparse-sparse product and a sum."""
 
     def __init__(self, A, E, n):
-        m = A.shape[0]
         A = A.tocsr()
         A.sum_duplicates()
+        # dense rows: left out of the pattern, kept as a dense block (module docstring)
+        dense = dense_row_mask(np.diff(A.indptr), n)
+        if 0 < dense.sum() <= MAX_DENSE_ROWS:
+            self.dense = np.flatnonzero(dense)
+            self.rows = np.flatnonzero(~dense)
+            self.D = A[self.dense].toarray()
+            A = A[self.rows]
+        else:
+            self.dense, self.rows, self.D = np.zeros(0, dtype=np.int64), None, None
+        m = A.shape[0]
         counts = np.diff(A.indptr)
         rep = np.repeat(counts, counts)                # per nonzero: its row's length
         first = np.repeat(np.arange(A.nnz), rep)
@@ -80,7 +103,8 @@ class _Pattern:
             np.add.at(self.const, pos[r.size + n:], ete.data)
 
     def matrix(self, wA, wz_delta):
-        data = self.P @ wA + self.const
+        """``K_s``: ``K`` without the dense rows (``wA``: the weights of every row of ``A``)."""
+        data = self.P @ (wA if self.rows is None else wA[self.rows]) + self.const
         data[self.diag_pos] += wz_delta
         # (copies: eliminate_zeros works in place on the pattern's arrays)
         K = sp.csc_matrix((data, self.indices.copy(), self.indptr.copy()),
@@ -123,9 +147,20 @@ class SparseFactors:
         wzd = (wz.detach() + delta.detach().unsqueeze(-1)).to(device="cpu",
                                                               dtype=torch.float64).numpy()
         direct = pinv and "_sparse_pattern" not in prob.__dict__
-        self._solvers = [self._factor(_assemble(prob, i, wA[i], wzd[i]) if direct
-                                      else _pattern(prob, i).matrix(wA[i], wzd[i]))
+        delta = delta.detach().to(device="cpu", dtype=torch.float64).expand(prob.B).numpy()
+        self._solvers = [self._factor(_assemble(prob, i, wA[i], wzd[i])) if direct
+                         else self._factor_pattern(_pattern(prob, i), wA[i], wzd[i], delta[i])
                          for i in range(prob.B)]
+
+    def _factor_pattern(self, pat, wA, wzd, delta):
+        K = pat.matrix(wA, wzd)
+        on = pat.dense[wA[pat.dense] > 0]
+        if on.size == 0:
+            return self._factor(K)
+        U = np.sqrt(wA[on])[:, None] * pat.D[np.searchsorted(pat.dense, on)]
+        if self.pinv or not delta > 0:     # K_s may be singular: factorise K itself
+            return self._factor((K + sp.csc_matrix(U.T @ U)).tocsc())
+        return _low_rank_solve(splu(K, **_LU).solve, U)
 
     def _factor(self, K):
         if not self.pinv:
@@ -157,6 +192,17 @@ class SparseFactors:
         r64 = r.detach().to(device="cpu", dtype=torch.float64).expand(B, n).numpy()
         x = np.stack([f(np.ascontiguousarray(r64[i])) for i, f in enumerate(self._solvers)])
         return torch.from_numpy(x).to(device=r.device, dtype=r.dtype)
+
+
+def _low_rank_solve(solve_s, U):
+    """``r -> (K_s + U^T U)^{-1} r`` from ``solve_s = K_s^{-1}`` (Sherman-Morrison-Woodbury)."""
+    Z = solve_s(np.ascontiguousarray(U.T))                 # K_s^-1 U^T, [n, r]
+    Ci = np.linalg.inv(np.eye(U.shape[0]) + U @ Z)         # r x r, SPD (r <= MAX_DENSE_ROWS)
+
+    def solve(r):
+        y = solve_s(r)
+        return y - Z @ (Ci @ (U @ y))
+    return solve
 
 
 class _FilteredRidge:

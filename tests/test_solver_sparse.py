@@ -105,3 +105,77 @@ def test_batched_sparse_operator_with_equalities():
         sol = solve_lp(c, make(A), b, Ae.to_sparse(), be, linear_solver="sparse")
         for i, lp in enumerate(lps):
             assert np.abs(sol.z[i].numpy() - lp["z"]).max() < 1e-9
+
+
+def _budget_lp(rng, n, m0, dense_rows=1, density=5e-3):
+    """``_random_sparse`` with ``dense_rows`` of its random rows replaced by dense ones (the first
+    a budget row ``1^T z <= s``, the others dense random rows): each alone fills ``A^T W A``."""
+    A0 = sp.random(m0 - dense_rows, n, density=density, random_state=rng,
+                   data_rvs=rng.standard_normal)
+    D = np.vstack([np.ones(n)] + [rng.uniform(0.5, 1.5, n) for _ in range(dense_rows - 1)])
+    A0 = sp.vstack([A0, sp.csr_matrix(D)])
+    z0 = rng.uniform(0, 1, n)
+    A = sp.vstack([A0, sp.identity(n)]).tocoo()
+    b = np.concatenate([A0 @ z0 + rng.uniform(0, 1, m0), np.full(n, 3.0)])
+    return rng.standard_normal(n), A, b
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_dense_rows_enter_as_a_low_rank_update(seed):
+    """The Newton system of an LP with dense rows: the sparse solver leaves them out of the
+    pattern (``K_s`` stays sparse) and solves with ``K_s + U^T U`` by Sherman-Morrison-Woodbury
+    (``delta > 0``) or factorises the sum (``pinv``); oracle: a dense solve of ``K``."""
+    from solver.linsolve import NewtonSystem
+    from solver.problem import build_problem
+    from solver.sparse_factor import _pattern
+    rng = np.random.default_rng(seed)
+    n = 120
+    c, A, b = _budget_lp(rng, n, 121, dense_rows=1 + seed)
+    prob = build_problem(torch.tensor(c), _torch_coo(A), torch.tensor(b))
+    Ad = torch.tensor(A.toarray())
+    pat = _pattern(prob, 0)
+    assert pat.dense.size == 1 + seed and pat.nnz < 0.2 * n * n
+    r = torch.tensor(rng.standard_normal((1, n)))
+    for trial in range(4):
+        wA = torch.tensor((rng.uniform(size=(1, A.shape[0])) < 0.5).astype(float))
+        wA[0, 120 - seed:121] = float(trial % 2)         # the dense rows on / off together
+        for pinv, delta in ((False, 1e-3), (True, 0.0)):
+            # (pinv: most bounds on, so K is mostly nonsingular on the variables it touches and
+            # its pseudo-inverse a plain inverse there; singular K_T: the oracle tests above)
+            wz = torch.tensor((rng.uniform(size=(1, n)) < (0.9 if pinv else 0.3)).astype(float))
+            d = torch.full((1,), delta, dtype=D)
+            K = Ad.T @ (wA[0, :, None] * Ad) + torch.diag(wz[0] + delta)
+            x = NewtonSystem(prob, wA, wz, d, "sparse", pinv=pinv).solve(r)
+            if pinv:
+                keep = K.diagonal() > 0
+                ev = torch.linalg.eigvalsh(K[keep][:, keep])
+                if ev[0] < 1e-8 * ev[-1]:      # singular where it is touched: not this test's
+                    continue
+                ref = torch.zeros(n, dtype=D)
+                ref[keep] = torch.linalg.lstsq(K[keep][:, keep], r[0, keep]).solution
+            else:
+                ref = torch.linalg.solve(K, r[0])
+            assert torch.allclose(x[0], ref, rtol=1e-7, atol=1e-9 * float(ref.abs().max())), \
+                (trial, pinv)
+
+
+def test_auto_picks_sparse_with_a_budget_row():
+    """Issue 20's instance in small: a budget row no longer sends Newton to the dense Cholesky
+    path; the vertex, the value and the gradient are the dense path's (and HiGHS's)."""
+    rng = np.random.default_rng(1)
+    c, A, b = _budget_lp(rng, 260, 261, dense_rows=2)
+    lp = dict(c=c, A=A.toarray(), b=b, A_eq=None, b_eq=None)
+    w = torch.tensor(rng.standard_normal(260))
+    sols = {}
+    for solver in ("auto", "cholesky"):
+        bt = torch.tensor(b, requires_grad=True)
+        sol = solve_lp(torch.tensor(c), _torch_coo(A), bt, forward="newton",
+                       linear_solver=solver)
+        (sol.z * w).sum().backward()
+        sols[solver] = (sol, bt.grad)
+    sol, g = sols["auto"]
+    assert sol.stats["linear_solver"] == "sparse" and sol.stats["converged"]
+    check_against_highs(lp, sol)
+    ref, g_ref = sols["cholesky"]
+    assert torch.allclose(sol.z, ref.z, atol=1e-9)
+    assert torch.allclose(g, g_ref, atol=1e-8 * (1 + float(g_ref.abs().max())))
