@@ -69,9 +69,10 @@ def row_counts(op: LinearOperator) -> torch.Tensor | None:
     """Nonzeros per row of ``A`` (the most over the batch), ``[m]``; ``None`` if ``op`` has a
     dense block.  ``sum(counts**2)`` bounds ``nnz(A^T W A)`` for every 0/1 ``W``."""
     if isinstance(op, SparseOperator):
-        # the pattern of an operator never changes: counted once (eligibility checks and the
-        # solver choice each ask for it)
-        counts = op.__dict__.get("_row_counts")
+        # counted once per pattern (eligibility checks and the solver choice each ask for it);
+        # the key notices a new or in-place modified index tensor
+        key = (id(op.indices), op.indices._version)
+        counts = op.__dict__.get("_row_counts", {}).get(key)
         if counts is None:
             m = op.shape[0]
             if op.bidx is None:
@@ -79,7 +80,7 @@ def row_counts(op: LinearOperator) -> torch.Tensor | None:
             else:
                 flat = torch.bincount(op.bidx * m + op.row, minlength=op.batch_size * m)
                 counts = flat.view(op.batch_size, m).amax(0)
-            op.__dict__["_row_counts"] = counts
+            op.__dict__["_row_counts"] = {key: counts}
         return counts
     if isinstance(op, DiagonalOperator):
         return torch.ones(op.shape[0], dtype=torch.long, device=op.d.device)
@@ -93,21 +94,33 @@ def row_counts(op: LinearOperator) -> torch.Tensor | None:
 
 # a row of A with more nonzeros than this (and than a tenth of n) is "dense": alone it would
 # fill A^T W A; up to MAX_DENSE_ROWS such rows the sparse Newton solve takes them as a
-# low-rank update of the rest (solver.sparse_factor) instead of factorising a dense K
+# low-rank update of the rest (solver.sparse_factor) instead of factorising a dense K -- up to
+# DENSE_ROWS_MAX_N variables: the minimum-norm solves (recovery, backward) of a non-square
+# active set still factorise K with those rows in, i.e. a dense n x n matrix, which is what the
+# dense Cholesky path costs anyway up to its own limit (linsolve: n <= 2048)
 DENSE_ROW_MIN_NNZ = 32
 MAX_DENSE_ROWS = 16
+DENSE_ROWS_MAX_N = 2048
 
 
-def dense_row_mask(counts, n: int):
-    """Rows whose nonzero count (``counts``, torch or numpy) marks them dense for ``n``
-    variables (see ``DENSE_ROW_MIN_NNZ``)."""
-    return counts > max(DENSE_ROW_MIN_NNZ, n // 10)
+def dense_rows(prob) -> np.ndarray:
+    """Indices of the rows of ``A`` that the sparse Newton solve takes as a low-rank update
+    (empty when there are none, more than ``MAX_DENSE_ROWS``, or ``n > DENSE_ROWS_MAX_N``);
+    from the nonzero counts over the whole batch (:func:`row_counts`), so that every LP of a
+    batch and :func:`gram_nnz` leave out the same rows."""
+    counts = row_counts(prob.A)
+    if counts is None or prob.n > DENSE_ROWS_MAX_N:
+        return np.zeros(0, dtype=np.int64)
+    dense = (counts > max(DENSE_ROW_MIN_NNZ, prob.n // 10)).nonzero().flatten()
+    if dense.numel() > MAX_DENSE_ROWS:
+        return np.zeros(0, dtype=np.int64)
+    return dense.cpu().numpy()
 
 
 def gram_nnz(prob) -> int | None:
     """Upper bound of ``nnz(K)`` for the sparse Newton matrix ``K`` of ``prob`` (``n`` + the
-    ``sum_i nnz(row_i)^2`` of ``A`` and ``A_eq``, without the dense rows of ``A`` when there
-    are at most ``MAX_DENSE_ROWS``: those enter as a low-rank update); ``None`` when ``A`` or
+    ``sum_i nnz(row_i)^2`` of ``A`` and ``A_eq``, without the :func:`dense_rows` of ``A``: those
+    enter as a low-rank update); ``None`` when ``A`` or
     ``A_eq`` has a dense block (``K`` is then dense too)."""
     nnz = prob.n
     for op in (prob.A, prob.A_eq):
@@ -117,8 +130,9 @@ def gram_nnz(prob) -> int | None:
         if counts is None:
             return None
         if op is prob.A:
-            dense = dense_row_mask(counts, prob.n)
-            if int(dense.sum()) <= MAX_DENSE_ROWS:
-                counts = counts[~dense]
+            dense = dense_rows(prob)
+            if dense.size:
+                counts = counts.clone()
+                counts[torch.from_numpy(dense).to(counts.device)] = 0
         nnz += int(counts.square().sum())
     return nnz

@@ -22,8 +22,9 @@ sparse counterpart of the Cholesky path's truncated eigendecomposition (which dr
 eigenvalues below ``10 n eps64 max``); ``fallbacks`` counts the LPs that needed it.
 
 Dense rows (issue 20 item 2): one row of ``A`` touching most variables (a budget row
-``1^T z <= s``) alone makes ``K`` dense.  Up to ``MAX_DENSE_ROWS`` rows that
-:func:`solver.scipy_ops.dense_row_mask` marks dense are left out of the pattern, and a Newton
+``1^T z <= s``) alone makes ``K`` dense.  The rows :func:`solver.scipy_ops.dense_rows` names
+(at most ``MAX_DENSE_ROWS``, and only while ``n`` is small enough for the dense minimum-norm
+solve below) are left out of the pattern, and a Newton
 step (``delta > 0``, so the rest ``K_s`` is positive definite) solves with
 :math:`K = K_s + U^\top U`, :math:`U = W_d^{1/2} A_d` (the active dense rows) by the
 Sherman-Morrison-Woodbury identity
@@ -44,9 +45,10 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 import torch
+from scipy.linalg import lu_factor, lu_solve
 from scipy.sparse.linalg import splu
 
-from solver.scipy_ops import MAX_DENSE_ROWS, dense_row_mask, host_matrix
+from solver.scipy_ops import dense_rows, host_matrix
 
 # SuperLU options for a symmetric positive (semi)definite matrix
 _LU = dict(permc_spec="MMD_AT_PLUS_A", diag_pivot_thresh=0.0,
@@ -66,18 +68,18 @@ class _Pattern:
     sparse ``P`` (``sum_i nnz(row_i)^2`` entries).  One Newton step's assembly is then one
     sparse product instead of a row selection, a sparse-sparse product and a sum."""
 
-    def __init__(self, A, E, n):
+    def __init__(self, A, E, n, dense):
         A = A.tocsr()
         A.sum_duplicates()
-        # dense rows: left out of the pattern, kept as a dense block (module docstring)
-        dense = dense_row_mask(np.diff(A.indptr), n)
-        if 0 < dense.sum() <= MAX_DENSE_ROWS:
-            self.dense = np.flatnonzero(dense)
-            self.rows = np.flatnonzero(~dense)
-            self.D = A[self.dense].toarray()
+        # dense rows (``dense``: their indices, :func:`solver.scipy_ops.dense_rows`): left out
+        # of the pattern, kept as a dense block (module docstring)
+        self.dense, self.rows, self.D = dense, None, None
+        if dense.size:
+            keep = np.ones(A.shape[0], dtype=bool)
+            keep[dense] = False
+            self.rows = np.flatnonzero(keep)
+            self.D = A[dense].toarray()
             A = A[self.rows]
-        else:
-            self.dense, self.rows, self.D = np.zeros(0, dtype=np.int64), None, None
         m = A.shape[0]
         counts = np.diff(A.indptr)
         rep = np.repeat(counts, counts)                # per nonzero: its row's length
@@ -120,7 +122,8 @@ def _pattern(prob, i):
     cache = prob.__dict__.setdefault("_sparse_pattern", {})
     if key not in cache:
         E = None if prob.A_eq is None else host_matrix(prob, "A_eq", key, sparse=True)
-        cache[key] = _Pattern(host_matrix(prob, "A", key, sparse=True), E, prob.n)
+        cache[key] = _Pattern(host_matrix(prob, "A", key, sparse=True), E, prob.n,
+                              dense_rows(prob))
     return cache[key]
 
 
@@ -195,13 +198,17 @@ class SparseFactors:
 
 
 def _low_rank_solve(solve_s, U):
-    """``r -> (K_s + U^T U)^{-1} r`` from ``solve_s = K_s^{-1}`` (Sherman-Morrison-Woodbury)."""
+    """``r -> (K_s + U^T U)^{-1} r`` from ``solve_s = K_s^{-1}`` (Sherman-Morrison-Woodbury).
+    ``C = I + U K_s^{-1} U^T`` is SPD but can be very ill-conditioned (cond 1e8-1e10 where a
+    variable is held only by the dense rows and ``delta``, default 1e-10 relative) while ``K``
+    is not: it is factorised (LU, backward stable), never inverted -- an explicit inverse lost
+    every digit there and Newton stopped converging (review of ce44f39)."""
     Z = solve_s(np.ascontiguousarray(U.T))                 # K_s^-1 U^T, [n, r]
-    Ci = np.linalg.inv(np.eye(U.shape[0]) + U @ Z)         # r x r, SPD (r <= MAX_DENSE_ROWS)
+    C = lu_factor(np.eye(U.shape[0]) + U @ Z)              # r x r (r <= MAX_DENSE_ROWS)
 
     def solve(r):
         y = solve_s(r)
-        return y - Z @ (Ci @ (U @ y))
+        return y - Z @ lu_solve(C, U @ y)
     return solve
 
 

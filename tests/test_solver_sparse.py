@@ -179,3 +179,30 @@ def test_auto_picks_sparse_with_a_budget_row():
     ref, g_ref = sols["cholesky"]
     assert torch.allclose(sol.z, ref.z, atol=1e-9)
     assert torch.allclose(g, g_ref, atol=1e-8 * (1 + float(g_ref.abs().max())))
+
+
+@pytest.mark.parametrize("dense_rows", [4, 8])
+def test_many_dense_rows_at_the_default_delta(dense_rows):
+    """Several dense rows at the default (tiny) ``delta``: ``C = I + U K_s^{-1} U^T`` is then
+    ill-conditioned (cond ~1e8-1e10) although ``K`` is not; it must be factorised, not inverted,
+    or the Newton directions lose every digit and Newton does not converge (review of
+    ce44f39: an explicit inverse failed here)."""
+    rng = np.random.default_rng(0)
+    c, A, b = _budget_lp(rng, 300, 301, dense_rows=dense_rows)
+    lp = dict(c=c, A=A.toarray(), b=b, A_eq=None, b_eq=None)
+    sols = {s: solve_lp(torch.tensor(c), _torch_coo(A), torch.tensor(b), forward="newton",
+                        linear_solver=s) for s in ("sparse", "cholesky")}
+    assert sols["sparse"].stats["converged"]
+    check_against_highs(lp, sols["sparse"])
+    assert torch.allclose(sols["sparse"].z, sols["cholesky"].z, atol=1e-9)
+
+
+def test_row_counts_follow_an_index_changed_in_place():
+    """The row counts cached on a ``SparseOperator`` are recounted when its index tensor is
+    modified in place (a stale count once sent such an LP to the diagonal solver)."""
+    from solver.scipy_ops import row_counts
+    idx = torch.arange(5).repeat(2, 1)
+    op = SparseOperator(idx.clone(), torch.ones(5, dtype=D), (5, 5))
+    assert row_counts(op).tolist() == [1, 1, 1, 1, 1]
+    op.indices[0, 1] = 0                        # row 0 now holds two nonzeros
+    assert row_counts(op).tolist() == [2, 0, 1, 1, 1]
