@@ -25,6 +25,8 @@ batch dimension ``B``; vectors are ``[B, k]``.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from solver.errors import LPInputError
@@ -236,11 +238,13 @@ class SparseOperator(LinearOperator):
         A = torch.sparse_coo_tensor(torch.stack([self.row, self.col]), self.values,
                                     self.shape).coalesce()
         out = []
-        for wb in w.reshape(-1, self.shape[0]):
+        lead = w.shape[:-1]
+        # (the leading size spelled out: with m = 0 rows a -1 would be ambiguous)
+        for wb in w.reshape(math.prod(lead), self.shape[0]):
             Aw = torch.sparse_coo_tensor(torch.stack([self.col, self.row]),
                                          self.values * wb[self.row], self.shape[::-1])
             out.append(torch.sparse.mm(Aw, A).to_dense())
-        return torch.stack(out).reshape(*w.shape[:-1], *self.shape[1:], self.shape[1])
+        return torch.stack(out).reshape(*lead, *self.shape[1:], self.shape[1])
 
     def dense(self):
         size = self.shape if self.batch_size is None else (self.batch_size, *self.shape)

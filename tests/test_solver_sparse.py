@@ -206,3 +206,20 @@ def test_row_counts_follow_an_index_changed_in_place():
     assert row_counts(op).tolist() == [1, 1, 1, 1, 1]
     op.indices[0, 1] = 0                        # row 0 now holds two nonzeros
     assert row_counts(op).tolist() == [2, 0, 1, 1, 1]
+
+
+@pytest.mark.parametrize("forward", ["newton", "highs"])
+def test_equalities_only_with_an_empty_sparse_A(forward):
+    """``A`` with no rows as a ``torch.sparse`` tensor, the LP in ``A_eq`` alone: its Gram
+    matrix (m = 0) is the zero matrix (a reshape once failed on it); oracle: HiGHS."""
+    g = np.random.default_rng(0)
+    E = g.uniform(0.5, 1.5, (3, 6))
+    be, c = E @ g.uniform(0, 1, 6), g.uniform(0.1, 1, 6)
+    from scipy.optimize import linprog
+    res = linprog(c, A_eq=E, b_eq=be, bounds=(0, None), method="highs")
+    sol = solve_lp(torch.tensor(c), torch.zeros(0, 6, dtype=D).to_sparse(),
+                   torch.zeros(0, dtype=D), torch.tensor(E).to_sparse(), torch.tensor(be),
+                   forward=forward, linear_solver="cholesky")
+    assert sol.stats["converged"]
+    assert abs(float(sol.value) - res.fun) <= 1e-9 * (1 + abs(res.fun))
+    assert np.abs(sol.z.numpy() - res.x).max() <= 1e-8
