@@ -103,12 +103,14 @@ MAX_DENSE_ROWS = 16
 DENSE_ROWS_MAX_N = 2048
 
 
-def dense_rows(prob) -> np.ndarray:
-    """Indices of the rows of ``A`` that the sparse Newton solve takes as a low-rank update
-    (empty when there are none, more than ``MAX_DENSE_ROWS``, or ``n > DENSE_ROWS_MAX_N``);
-    from the nonzero counts over the whole batch (:func:`row_counts`), so that every LP of a
-    batch and :func:`gram_nnz` leave out the same rows."""
-    counts = row_counts(prob.A)
+def dense_rows(prob, name: str = "A") -> np.ndarray:
+    """Indices of the rows of ``prob.<name>`` (``"A"`` or ``"A_eq"``) that the sparse Newton
+    solve takes as a low-rank update (empty when there are none, more than ``MAX_DENSE_ROWS``,
+    or ``n > DENSE_ROWS_MAX_N``); from the nonzero counts over the whole batch
+    (:func:`row_counts`), so that every LP of a batch and :func:`gram_nnz` leave out the same
+    rows."""
+    op = getattr(prob, name)
+    counts = None if op is None else row_counts(op)
     if counts is None or prob.n > DENSE_ROWS_MAX_N:
         return np.zeros(0, dtype=np.int64)
     dense = (counts > max(DENSE_ROW_MIN_NNZ, prob.n // 10)).nonzero().flatten()
@@ -119,20 +121,20 @@ def dense_rows(prob) -> np.ndarray:
 
 def gram_nnz(prob) -> int | None:
     """Upper bound of ``nnz(K)`` for the sparse Newton matrix ``K`` of ``prob`` (``n`` + the
-    ``sum_i nnz(row_i)^2`` of ``A`` and ``A_eq``, without the :func:`dense_rows` of ``A``: those
+    ``sum_i nnz(row_i)^2`` of ``A`` and ``A_eq``, without their :func:`dense_rows`: those
     enter as a low-rank update); ``None`` when ``A`` or
     ``A_eq`` has a dense block (``K`` is then dense too)."""
     nnz = prob.n
-    for op in (prob.A, prob.A_eq):
+    for name in ("A", "A_eq"):
+        op = getattr(prob, name)
         if op is None:
             continue
         counts = row_counts(op)
         if counts is None:
             return None
-        if op is prob.A:
-            dense = dense_rows(prob)
-            if dense.size:
-                counts = counts.clone()
-                counts[torch.from_numpy(dense).to(counts.device)] = 0
+        dense = dense_rows(prob, name)
+        if dense.size:
+            counts = counts.clone()
+            counts[torch.from_numpy(dense).to(counts.device)] = 0
         nnz += int(counts.square().sum())
     return nnz

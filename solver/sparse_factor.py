@@ -21,13 +21,13 @@ exactly 0 on the null space (a plain ridge would return ``r_null / rho`` there) 
 sparse counterpart of the Cholesky path's truncated eigendecomposition (which drops
 eigenvalues below ``10 n eps64 max``); ``fallbacks`` counts the LPs that needed it.
 
-Dense rows (issue 20 item 2): one row of ``A`` touching most variables (a budget row
-``1^T z <= s``) alone makes ``K`` dense.  The rows :func:`solver.scipy_ops.dense_rows` names
-(at most ``MAX_DENSE_ROWS``, and only while ``n`` is small enough for the dense minimum-norm
-solve below) are left out of the pattern, and a Newton
-step (``delta > 0``, so the rest ``K_s`` is positive definite) solves with
-:math:`K = K_s + U^\top U`, :math:`U = W_d^{1/2} A_d` (the active dense rows) by the
-Sherman-Morrison-Woodbury identity
+Dense rows (issue 20 item 2): one row touching most variables (a budget row ``1^T z <= s`` of
+``A``, a simplex row ``1^T z = 1`` of ``A_eq``) alone makes ``K`` dense.  The rows of ``A`` and
+``A_eq`` that :func:`solver.scipy_ops.dense_rows` names (at most ``MAX_DENSE_ROWS`` each, and
+only while ``n`` is small enough for the dense minimum-norm solve below) are left out of the
+pattern, and a Newton step (``delta > 0``, so the rest ``K_s`` is positive definite) solves with
+:math:`K = K_s + U^\top U`, :math:`U = [W_d^{1/2} A_d; A_{eq,d}]` (the active dense rows of
+``A``, every dense row of ``A_eq``) by the Sherman-Morrison-Woodbury identity
 :math:`K^{-1} r = y - Z (I + U Z)^{-1} U y`, :math:`y = K_s^{-1} r`, :math:`Z = K_s^{-1} U^\top`:
 one sparse LU of ``K_s`` and ``r_d`` extra solves per step instead of a dense ``n x n``
 factorisation, so the step costs what the sparse rows cost (the dense-column treatment of
@@ -68,18 +68,21 @@ class _Pattern:
     sparse ``P`` (``sum_i nnz(row_i)^2`` entries).  One Newton step's assembly is then one
     sparse product instead of a row selection, a sparse-sparse product and a sum."""
 
-    def __init__(self, A, E, n, dense):
+    def __init__(self, A, E, n, dense, dense_eq):
         A = A.tocsr()
         A.sum_duplicates()
-        # dense rows (``dense``: their indices, :func:`solver.scipy_ops.dense_rows`): left out
-        # of the pattern, kept as a dense block (module docstring)
-        self.dense, self.rows, self.D = dense, None, None
+        # dense rows (``dense`` of A, ``dense_eq`` of A_eq: their indices,
+        # :func:`solver.scipy_ops.dense_rows`): left out of the pattern, kept as dense blocks
+        # ``D`` and ``D_eq`` (module docstring)
+        self.dense, self.rows, self.D, self.D_eq = dense, None, None, None
         if dense.size:
-            keep = np.ones(A.shape[0], dtype=bool)
-            keep[dense] = False
-            self.rows = np.flatnonzero(keep)
+            self.rows = np.setdiff1d(np.arange(A.shape[0]), dense)
             self.D = A[dense].toarray()
             A = A[self.rows]
+        if dense_eq.size:
+            E = E.tocsr()
+            self.D_eq = E[dense_eq].toarray()
+            E = E[np.setdiff1d(np.arange(E.shape[0]), dense_eq)]
         m = A.shape[0]
         counts = np.diff(A.indptr)
         rep = np.repeat(counts, counts)                # per nonzero: its row's length
@@ -123,7 +126,7 @@ def _pattern(prob, i):
     if key not in cache:
         E = None if prob.A_eq is None else host_matrix(prob, "A_eq", key, sparse=True)
         cache[key] = _Pattern(host_matrix(prob, "A", key, sparse=True), E, prob.n,
-                              dense_rows(prob))
+                              dense_rows(prob, "A"), dense_rows(prob, "A_eq"))
     return cache[key]
 
 
@@ -158,9 +161,13 @@ class SparseFactors:
     def _factor_pattern(self, pat, wA, wzd, delta):
         K = pat.matrix(wA, wzd)
         on = pat.dense[wA[pat.dense] > 0]
-        if on.size == 0:
+        if on.size == 0 and pat.D_eq is None:
             return self._factor(K)
-        U = np.sqrt(wA[on])[:, None] * pat.D[np.searchsorted(pat.dense, on)]
+        # the active dense rows of A (weighted) and the dense rows of A_eq (always on)
+        U = np.sqrt(wA[on])[:, None] * pat.D[np.searchsorted(pat.dense, on)] if on.size \
+            else np.zeros((0, K.shape[0]))
+        if pat.D_eq is not None:
+            U = np.vstack([U, pat.D_eq])
         if self.pinv or not delta > 0:     # K_s may be singular: factorise K itself
             return self._factor((K + sp.csc_matrix(U.T @ U)).tocsc())
         return _low_rank_solve(splu(K, **_LU).solve, U)

@@ -120,21 +120,30 @@ def _budget_lp(rng, n, m0, dense_rows=1, density=5e-3):
     return rng.standard_normal(n), A, b
 
 
+@pytest.mark.parametrize("equality", [False, True])
 @pytest.mark.parametrize("seed", range(3))
-def test_dense_rows_enter_as_a_low_rank_update(seed):
+def test_dense_rows_enter_as_a_low_rank_update(seed, equality):
     """The Newton system of an LP with dense rows: the sparse solver leaves them out of the
     pattern (``K_s`` stays sparse) and solves with ``K_s + U^T U`` by Sherman-Morrison-Woodbury
-    (``delta > 0``) or factorises the sum (``pinv``); oracle: a dense solve of ``K``."""
+    (``delta > 0``) or factorises the sum (``pinv``); oracle: a dense solve of ``K``.
+    ``equality``: also a simplex row ``1^T z = s`` (and two sparse rows) in ``A_eq``."""
     from solver.linsolve import NewtonSystem
     from solver.problem import build_problem
     from solver.sparse_factor import _pattern
     rng = np.random.default_rng(seed)
     n = 120
     c, A, b = _budget_lp(rng, n, 121, dense_rows=1 + seed)
-    prob = build_problem(torch.tensor(c), _torch_coo(A), torch.tensor(b))
+    eq, EtE = (None, None), torch.zeros(n, n, dtype=D)
+    if equality:
+        E = sp.vstack([sp.csr_matrix(np.ones((1, n))),
+                       sp.random(2, n, density=0.03, random_state=rng)]).tocoo()
+        eq, Ed = (_torch_coo(E), torch.tensor(E @ np.full(n, 0.5))), torch.tensor(E.toarray())
+        EtE = Ed.T @ Ed
+    prob = build_problem(torch.tensor(c), _torch_coo(A), torch.tensor(b), *eq)
     Ad = torch.tensor(A.toarray())
     pat = _pattern(prob, 0)
     assert pat.dense.size == 1 + seed and pat.nnz < 0.2 * n * n
+    assert (pat.D_eq is not None and pat.D_eq.shape[0] == 1) == equality
     r = torch.tensor(rng.standard_normal((1, n)))
     for trial in range(4):
         wA = torch.tensor((rng.uniform(size=(1, A.shape[0])) < 0.5).astype(float))
@@ -144,7 +153,7 @@ def test_dense_rows_enter_as_a_low_rank_update(seed):
             # its pseudo-inverse a plain inverse there; singular K_T: the oracle tests above)
             wz = torch.tensor((rng.uniform(size=(1, n)) < (0.9 if pinv else 0.3)).astype(float))
             d = torch.full((1,), delta, dtype=D)
-            K = Ad.T @ (wA[0, :, None] * Ad) + torch.diag(wz[0] + delta)
+            K = Ad.T @ (wA[0, :, None] * Ad) + EtE + torch.diag(wz[0] + delta)
             x = NewtonSystem(prob, wA, wz, d, "sparse", pinv=pinv).solve(r)
             if pinv:
                 keep = K.diagonal() > 0
@@ -223,3 +232,39 @@ def test_equalities_only_with_an_empty_sparse_A(forward):
     assert sol.stats["converged"]
     assert abs(float(sol.value) - res.fun) <= 1e-9 * (1 + abs(res.fun))
     assert np.abs(sol.z.numpy() - res.x).max() <= 1e-8
+
+
+def test_a_dense_equality_row_enters_as_a_low_rank_update():
+    """A simplex row ``1^T z = s`` in ``A_eq`` (it fills ``A_eq^T A_eq``) plus a dense row of
+    ``A``: ``auto`` keeps the sparse solver (both rows in the low-rank part), and the vertex and
+    gradients (w.r.t. ``b`` and ``b_eq``) are the dense path's and HiGHS's."""
+    from solver.problem import build_problem
+    from solver.sparse_factor import _pattern
+    rng = np.random.default_rng(2)
+    n = 260
+    c, A, b = _budget_lp(rng, n, 261, dense_rows=2)
+    E = sp.vstack([sp.csr_matrix(np.ones((1, n))),
+                   sp.random(2, n, density=0.02, random_state=rng)]).tocoo()
+    be = E @ np.full(n, 0.5)                      # the equalities hold at z = 0.5
+    lp = dict(c=c, A=A.toarray(), b=b, A_eq=E.toarray(), b_eq=be)
+    from scipy.optimize import linprog
+    res = linprog(c, A_ub=lp["A"], b_ub=b, A_eq=lp["A_eq"], b_eq=be, bounds=(0, None),
+                  method="highs")
+    assert res.status == 0
+    prob = build_problem(torch.tensor(c), _torch_coo(A), torch.tensor(b), _torch_coo(E),
+                         torch.tensor(be))
+    pat = _pattern(prob, 0)
+    assert pat.D_eq is not None and pat.D_eq.shape[0] == 1 and pat.dense.size == 2
+    w = torch.tensor(rng.standard_normal(n))
+    out = {}
+    for solver in ("auto", "cholesky"):
+        bt, bet = torch.tensor(b, requires_grad=True), torch.tensor(be, requires_grad=True)
+        sol = solve_lp(torch.tensor(c), _torch_coo(A), bt, _torch_coo(E), bet,
+                       forward="newton", linear_solver=solver)
+        (sol.z * w).sum().backward()
+        out[solver] = (sol, torch.cat([bt.grad, bet.grad]))
+    sol, g = out["auto"]
+    assert sol.stats["linear_solver"] == "sparse" and sol.stats["converged"]
+    assert abs(float(sol.value) - res.fun) <= 1e-8 * (1 + abs(res.fun))
+    assert torch.allclose(sol.z, out["cholesky"][0].z, atol=1e-9)
+    assert torch.allclose(g, out["cholesky"][1], atol=1e-8 * (1 + float(g.abs().max())))
