@@ -27,8 +27,10 @@ gathered from the host copy of the data and factorised once per LP:
   ``cond(K_T) = cond(M)^2 <= 1e8``) factorises ``K_T``, far below where its eigen fallback
   would drop a direction, so both paths compute the same vertex, multipliers and backward;
 * ``kind="sparse"`` (``A`` / ``A_eq`` with no dense block, :func:`solver.scipy_ops.row_counts`):
-  SuperLU of the CSC ``M^T`` with the pivot rule of :mod:`solver.active_lu` (the factor the
-  torch recovery uses on the same LPs), so again the same results; nothing is densified.
+  the active bounds eliminated first, SuperLU of the free columns of the active rows only
+  (:func:`_sparse_lu`), with the pivot rule of :mod:`solver.active_lu`, whose LU of the whole
+  ``M`` the torch recovery uses on the same LPs: the same vertex, multipliers and gradients
+  (``tests/test_solver_sparse_recovery.py``: to 1e-9 relative); nothing is densified.
 
 Otherwise (a degenerate vertex with more tight rows than ``n``, fewer rows, a singular or
 ill-conditioned ``M``, a point that fails the KKT check, GPU, float32 or other operators, a
