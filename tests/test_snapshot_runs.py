@@ -20,6 +20,8 @@ def fake_run(run: Path, finished: bool) -> None:
         "train:  60%| 600/1000\rtrain:  70%| 700/1000")
     if finished:
         (run / "results.json").write_text("{}")
+        (run / "eval_test_bntrain.json").write_text(
+            '{\n  "auc": 0.6,\n  "checkpoint": "%s",\n  "step": 5000\n}' % (run / "last.pt"))
 
 
 def test_copies_the_small_files_and_never_a_checkpoint(tmp_path):
@@ -31,8 +33,12 @@ def test_copies_the_small_files_and_never_a_checkpoint(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert sorted(p.name for p in dst.iterdir()) == ["a_s0"]   # the name filter
     out = dst / "a_s0"
-    assert sorted(p.name for p in out.iterdir()) == ["config.yaml", "evals.log", "metrics.csv", "progress.txt",
-                                                     "results.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["config.yaml", "eval_test_bntrain.json", "evals.log",
+                                                     "metrics.csv", "progress.txt", "results.json"]
+    # the absolute checkpoint path of the evaluation is cut to <run>/<file>
+    assert (out / "eval_test_bntrain.json").read_text() == \
+        '{\n  "auc": 0.6,\n  "checkpoint": "a_s0/last.pt",\n  "step": 5000\n}'
+
     assert (out / "evals.log").read_text().splitlines() == ["step=500 lr=0.1 val_auc=0.7",
                                                             "[train] resuming from last.pt at step 500"]
     assert (out / "progress.txt").read_text() == "train:  70%| 700/1000\n"
