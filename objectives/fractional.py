@@ -155,8 +155,12 @@ def box_vertex(num, den, den0, s, phi, sense="max", rounds=3, bounds=None):
     lo, up = box_bounds(phi) if bounds is None else bounds
     lo, up = lo.detach(), up.detach()
     if lo.device.type == "cpu" and not (num.requires_grad or den.requires_grad):
-        x = _box_vertex(_NUMPY, num.numpy(), den.numpy(), den0, s, lo.numpy(), up.numpy(), sense,
-                        rounds)
+        # a denominator that vanishes on the box vertex (e.g. P@R's with nothing predicted
+        # positive) makes the guess non-finite, as in torch, which warns about nothing: the
+        # solver ignores such a guess (solver.solve.run_from_guess)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            x = _box_vertex(_NUMPY, num.numpy(), den.numpy(), den0, s, lo.numpy(), up.numpy(),
+                            sense, rounds)
         return torch.from_numpy(x)
     return _box_vertex(_TORCH, num, den, den0, s, lo, up, sense, rounds)
 

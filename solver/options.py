@@ -59,7 +59,8 @@ class SolverOptions:
     # a [..., n] guess of the optimal vertex (e.g. a closed form the caller knows): its tight
     # rows are certified by one active-set solve and the KKT check; LPs that pass skip the
     # eps loop (no Newton step), the others run it as usual.  A wrong guess costs one
-    # recovery, never a wrong answer.  Ignored by backward="unrolled" and forward="highs".
+    # recovery, never a wrong answer; a guess with a NaN or infinite entry is skipped.
+    # Ignored by backward="unrolled" and forward="highs".
     vertex_guess: Any = None
     sketch: str | None = None       # None | "gaussian" | "sampling" (seed 002 eq. 6-7)
     sketch_size: int | None = None  # k rows of the sketch; None: 4 n

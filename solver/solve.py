@@ -106,6 +106,8 @@ def run_from_guess(prob, opts, method):
     of :func:`run_eps_loop` when every LP passes the KKT check, else ``None`` (the eps loop
     then solves the whole batch, so results never depend on the guess)."""
     x = _guess(prob, opts)
+    if not bool(torch.isfinite(x).all()):    # no point to certify: the eps loop solves it
+        return None
     # a square active system: certified on the host (one LU per LP)
     rec = square_active.recover(prob, x, opts.tol, GUESS_TIGHT)
     if rec is None:
