@@ -42,6 +42,19 @@ def eligible(prob) -> bool:
     return all(op is None or row_counts(op) is not None for op in (prob.A, prob.A_eq))
 
 
+def nonsingular_lu(Mt):
+    """SuperLU of the CSC matrix ``Mt``, or ``None`` where it is singular: exactly (SuperLU
+    stops) or numerically (a pivot of ``U`` below ``_PIVOT_MIN`` of the largest)."""
+    try:
+        lu = splu(Mt)
+    except RuntimeError:                           # an exactly zero pivot
+        return None
+    u = np.abs(lu.U.diagonal())
+    if not u.size or u.min() <= _PIVOT_MIN * u.max():
+        return None
+    return lu
+
+
 def active_rows(prob, i, rows):
     """``S = [A_T; A_eq]`` of LP ``i`` (the rows ``rows`` of ``A``, then every equality row) as
     CSR arrays ``(data, indices, row lengths)``, gathered from the host copies' arrays."""
@@ -90,12 +103,8 @@ class ActiveLU:
         for i in range(prob.B):
             Mt = _active_matrix_t(prob, i, np.flatnonzero(wA[i] > 0),
                                   np.flatnonzero(wz[i] > 0))
-            try:
-                lu = splu(Mt)                      # M^T = P^T L U Q^T
-            except RuntimeError:                   # an exactly singular M
-                return None
-            u = np.abs(lu.U.diagonal())
-            if not u.size or u.min() <= _PIVOT_MIN * u.max():
+            lu = nonsingular_lu(Mt)                # M^T = P^T L U Q^T
+            if lu is None:
                 return None
             lus.append(lu)
         return cls(prob, lus)

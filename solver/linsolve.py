@@ -36,8 +36,9 @@ Choice (``linear_solver="auto"``, :func:`choose_method`): diagonal when the gram
 ``"sparse"`` on the CPU when ``A`` (and ``A_eq``) are sparse/structured, ``n >= SPARSE_MIN_N``
 and the bound ``sum_i nnz(row_i)^2 / n^2`` on the density of ``K`` is below
 ``SPARSE_MAX_DENSITY`` with at most ``SPARSE_MAX_NNZ`` products (and the Newton iterations need
-no autograd; up to ``MAX_DENSE_ROWS`` dense rows of ``A``, e.g. a budget row ``1^T z <= s``, do
-not count: they enter the sparse solve as a low-rank update, :mod:`solver.sparse_factor`); else
+no autograd; up to ``MAX_DENSE_ROWS`` dense rows of ``A`` and of ``A_eq``, e.g. a budget row
+``1^T z <= s``, do not count: they enter the sparse solve as a low-rank update,
+:mod:`solver.sparse_factor`); else
 dense Cholesky up to ``n = 2048``; else CG.  ``stats["linear_solver"]``
 reports the choice.
 

@@ -44,9 +44,8 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 from scipy.linalg import lapack
-from scipy.sparse.linalg import splu
 
-from solver.active_lu import _PIVOT_MIN, active_rows
+from solver.active_lu import active_rows, nonsingular_lu
 from solver.linsolve import _CHOL_COND_MAX
 from solver.operators import DenseOperator, SparseOperator
 from solver.scipy_ops import host_matrix, row_counts
@@ -143,12 +142,8 @@ def _sparse_lu(prob, i, rows, bnds):
     R_ptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
     # the CSR arrays of R read as CSC: R^T, which is what splu factorises
     Rt = sp.csc_matrix((data[keep], colmap[cols[keep]].astype(np.int32), R_ptr), shape=(k, k))
-    try:
-        lu = splu(Rt)                                  # factors R^T
-    except RuntimeError:                               # exactly singular
-        return None
-    u = np.abs(lu.U.diagonal())
-    if not u.size or u.min() <= _PIVOT_MIN * u.max():
+    lu = nonsingular_lu(Rt)                            # factors R^T
+    if lu is None:
         return None
     F = np.flatnonzero(free)
     # the products with S straight from its arrays (a scipy matrix object costs more to build
