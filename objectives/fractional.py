@@ -106,20 +106,21 @@ def charnes_cooper_lp(num: torch.Tensor, den: torch.Tensor, den0: float | torch.
     num, den = (t if t.dtype == dt else t.to(dt) for t in (num, den))
     den0 = float(den0)
     s = den0 if den0 > 0 else 1.0
-    eye = torch.eye(n, dtype=dt, device=dev)
+    eye, neg_eye = _identities(n, dt, dev)
     with torch.no_grad():           # for the rows kept and the guess; A takes phi below
         lo, up = box_bounds(phi)
 
     # (few torch ops: at n ~ 64 each op's dispatch, not its arithmetic, is the cost)
     if safeguard == "drop_redundant":
-        keep = (lo.detach() > 0).nonzero().flatten()
+        keep = torch.from_numpy(np.flatnonzero(lo.numpy() > 0)) if dev.type == "cpu" else \
+            (lo > 0).nonzero().flatten()
         # rows [I, -u] then [-I_keep, l_keep]: the constant block, and the column of t, written
         # with few graph nodes: -u = relu(-phi) - 1 and l = phi where l > 0 (same values and
         # derivatives as box_bounds')
-        const = torch.cat([eye, -eye.index_select(0, keep)])
+        const = torch.cat([eye, neg_eye.index_select(0, keep)])
         col = torch.cat([torch.relu(-phi) - 1.0, phi.index_select(0, keep)])
     else:  # the paper's rows: z <= t, phi t <= z, z <= (1 + phi) t
-        const = torch.cat([eye, -eye, eye])
+        const = torch.cat([eye, neg_eye, eye])
         col = torch.cat([-torch.ones_like(phi), phi, -(1.0 + phi)])
     A = torch.cat([const, col[:, None]], 1)
     if recall_rows is not None:
@@ -135,12 +136,27 @@ def charnes_cooper_lp(num: torch.Tensor, den: torch.Tensor, den0: float | torch.
                             device=dev)
         c = sign[:, None] * c_max
     with torch.no_grad():
-        guess = torch.stack([box_vertex(num, den, den0, s, phi, sense, bounds=(lo, up))
-                             for sense in senses])
+        guess = [box_vertex(num, den, den0, s, phi, sense, bounds=(lo, up)) for sense in senses]
     return FractionalLP(c=c, A=A, b=torch.zeros(A.shape[0], dtype=dt, device=dev),
                         A_eq=torch.nn.functional.pad(den, (0, 1), value=den0)[None, :],
                         b_eq=torch.full((1,), s, dtype=dt, device=dev), n=n,
-                        sign=sign, guess=guess[0] if len(senses) == 1 else guess)
+                        sign=sign, guess=guess[0] if len(senses) == 1 else torch.stack(guess))
+
+
+_IDENTITIES: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _identities(n: int, dtype: torch.dtype, device: torch.device):
+    """``(I_n, -I_n)``, made once per size, dtype and device (a training loop solves LPs of one
+    or two sizes; read only: every use copies them into a new matrix)."""
+    key = (n, dtype, device)
+    out = _IDENTITIES.get(key)
+    if out is None:
+        eye = torch.eye(n, dtype=dtype, device=device)
+        out = (eye, -eye)
+        if len(_IDENTITIES) < 64:
+            _IDENTITIES[key] = out
+    return out
 
 
 def box_vertex(num, den, den0, s, phi, sense="max", rounds=3, bounds=None):
@@ -155,22 +171,24 @@ def box_vertex(num, den, den0, s, phi, sense="max", rounds=3, bounds=None):
     lo, up = box_bounds(phi) if bounds is None else bounds
     lo, up = lo.detach(), up.detach()
     if lo.device.type == "cpu" and not (num.requires_grad or den.requires_grad):
-        # a denominator that vanishes on the box vertex (e.g. P@R's with nothing predicted
-        # positive) makes the guess non-finite, as in torch, which warns about nothing: the
-        # solver ignores such a guess (solver.solve.run_from_guess)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            x = _box_vertex(_NUMPY, num.numpy(), den.numpy(), den0, s, lo.numpy(), up.numpy(),
-                            sense, rounds)
+        x = _box_vertex(_NUMPY, num.numpy(), den.numpy(), den0, s, lo.numpy(), up.numpy(),
+                        sense, rounds)
         return torch.from_numpy(x)
     return _box_vertex(_TORCH, num, den, den0, s, lo, up, sense, rounds)
 
 
 class _TORCH:
     where, dot, equal, cat = torch.where, torch.dot, torch.equal, torch.cat
+    div = staticmethod(lambda a, b: a / b)
 
 
 class _NUMPY:
-    where, dot, equal, cat = np.where, np.dot, np.array_equal, np.concatenate
+    where, dot, cat = np.where, np.dot, np.concatenate
+    equal = staticmethod(lambda a, b: bool((a == b).all()))   # (np.array_equal: 5x slower)
+    # a denominator that vanishes on the box vertex (e.g. P@R's with nothing predicted
+    # positive) makes the guess non-finite, as in torch, and warns about nothing (numpy's
+    # division by zero would): the solver ignores such a guess (solver.solve.run_from_guess)
+    div = staticmethod(lambda a, b: a / b if b else np.float64("nan"))
 
 
 def _box_vertex(xp, num, den, den0, s, lo, up, sense, rounds):
@@ -179,7 +197,7 @@ def _box_vertex(xp, num, den, den0, s, lo, up, sense, rounds):
     for _ in range(rounds):
         yh = xp.where(top, up, lo)
         dy = xp.dot(den, yh) + den0
-        gain = num - (xp.dot(num, yh) / dy) * den
+        gain = num - xp.div(xp.dot(num, yh), dy) * den
         new = gain > 0 if sense == "max" else gain < 0
         settled = xp.equal(new, top)
         if settled:
@@ -188,5 +206,5 @@ def _box_vertex(xp, num, den, den0, s, lo, up, sense, rounds):
     if not settled:
         yh = xp.where(top, up, lo)
         dy = xp.dot(den, yh) + den0
-    t = s / dy
+    t = xp.div(s, dy)
     return xp.cat([t * yh, t.reshape(1)])

@@ -39,7 +39,7 @@ from solver.presolve import presolve, restore, restore_masks
 from solver.scaling import ruiz_factors, scale_problem
 from solver.sketch import make_sketch
 from solver.solution import LPSolution
-from solver import diagnose, square_active
+from solver import diagnose, host_guess, square_active
 
 BACKWARDS = ("active_set", "unrolled")
 
@@ -342,6 +342,10 @@ def solve_lp(c, A, b, A_eq=None, b_eq=None, *, backward: str = "active_set",
         from solver.capture import solve_capture_safe   # it imports this module
         return solve_capture_safe(c, A, b, A_eq, b_eq, backward, opts)
     t0 = time.perf_counter()
+    if opts.vertex_guess is not None:   # one small dense CPU LP: certified on the host alone
+        sol = host_guess.solve(c, A, b, A_eq, b_eq, opts, backward, t0)
+        if sol is not None:
+            return sol
     deadline = None if opts.max_seconds is None else t0 + opts.max_seconds
     path = route(c, A, A_eq, opts, backward)
     highs = path == "highs"

@@ -40,6 +40,8 @@ closed form, :func:`solver.solve.run_from_guess`) and for HiGHS's vertex (:mod:`
 """
 from __future__ import annotations
 
+from typing import Callable, NamedTuple
+
 import numpy as np
 import scipy.sparse as sp
 import torch
@@ -184,9 +186,14 @@ def _lp_data(prob, kind, i):
 
 def _factor(prob, kind, i, A_i, E_i, rows, bnds):
     """``(solve_t, solve)`` of ``M = [A_T; A_eq; -I_Z]`` of LP ``i``, or ``None``."""
-    n, k, p = prob.n, rows.size, prob.p
     if kind == "sparse":
         return _sparse_lu(prob, i, rows, bnds)
+    return dense_factor(A_i, E_i, rows, bnds)
+
+
+def dense_factor(A_i, E_i, rows, bnds):
+    """``(solve_t, solve)`` of a dense ``M = [A_T; A_eq; -I_Z]`` (:func:`_dense_lu`), or ``None``."""
+    n, k, p = A_i.shape[1], rows.size, 0 if E_i is None else E_i.shape[0]
     M = np.zeros((n, n))
     M[:k] = A_i[rows]
     if p:
@@ -206,24 +213,71 @@ def recover(prob, x: torch.Tensor, accept_tol: float, tight_rel: float):
     kind = eligible(prob)
     if kind is None:
         return None
-    from solver.recover import NUMPY_OPS, Recovery, _kkt, kkt_terms, tight_masks
-    B, n, m, p = prob.B, prob.n, prob.m, prob.p
-    c, b, x = _host(prob.c), _host(prob.b), _host(x)
-    b_eq = _host(prob.b_eq) if p else None
-    h_scale, c_norm = _host(prob.h_scale), _host(prob.c_norm)
+    from solver.recover import Recovery
+    host = HostLP(_host(prob.c), _host(prob.b), _host(prob.b_eq) if prob.p else None,
+                  _host(prob.h_scale), _host(prob.c_norm),
+                  lambda i: _lp_data(prob, kind, i),
+                  lambda i, A_i, E_i, rows, bnds: _factor(prob, kind, i, A_i, E_i, rows, bnds))
+    out = certify(host, _host(x), accept_tol, tight_rel)
+    if out is None:
+        return None
+    t = torch.from_numpy
+    wA, wz = t(out.tA.astype(np.float64)), t(out.tz.astype(np.float64))
+    rec = Recovery(t(out.z), wA, wz, t(out.uA), t(out.uz), None if out.uE is None else t(out.uE),
+                   *map(t, out.measures),
+                   SquareActiveLU(wA, wz, out.solvers, t(out.index), kind))
+    rec.__dict__["_kkt_value"] = t(out.kkt)          # Recovery.kkt's cache
+    return rec
+
+
+class HostLP(NamedTuple):
+    """A batch of ``B`` LPs on the host for :func:`certify`: ``c [B, n]``, ``b [B, m]``,
+    ``b_eq [B, p]`` (or ``None``), the scales ``h_scale``, ``c_norm [B]`` of
+    :class:`solver.problem.LPProblem`, ``data(i) -> (A_i, E_i)`` and ``factor(i, A_i, E_i,
+    rows, bnds) -> (solve_t, solve)`` or ``None`` (:func:`_factor`)."""
+    c: np.ndarray
+    b: np.ndarray
+    b_eq: np.ndarray | None
+    h_scale: np.ndarray
+    c_norm: np.ndarray
+    data: Callable
+    factor: Callable
+
+
+class Certified(NamedTuple):
+    """What :func:`certify` finds, as host arrays: the vertex ``z``, the multipliers, the tight
+    masks ``tA``, ``tz``, the KKT ``measures`` (primal_inf, dual_res, gap, value) and ``kkt``,
+    each LP's ``(solve_t, solve)`` and ``index`` (the row of ``G`` behind each row of ``M``)."""
+    z: np.ndarray
+    uA: np.ndarray
+    uz: np.ndarray
+    uE: np.ndarray | None
+    tA: np.ndarray
+    tz: np.ndarray
+    measures: tuple
+    kkt: np.ndarray
+    solvers: list
+    index: np.ndarray
+
+
+def certify(lp: HostLP, x: np.ndarray, accept_tol: float, tight_rel: float) -> Certified | None:
+    """The host certificate of the vertex ``x [B, n]`` (see :func:`recover`), or ``None``."""
+    from solver.recover import NUMPY_OPS, _kkt, kkt_terms, tight_masks
+    c, b, b_eq = lp.c, lp.b, lp.b_eq
+    (B, n), m, p = c.shape, b.shape[1], 0 if b_eq is None else b_eq.shape[1]
     solvers, index = [], np.empty((B, n), dtype=np.int64)
     z, u = np.empty((B, n)), np.zeros((B, m + p + n))     # u: [uA, uE, uz] on the rows of G
     tA, tz = np.zeros((B, m), dtype=bool), np.zeros((B, n), dtype=bool)
     rA, stat = np.empty((B, m)), np.empty((B, n))
     rE = np.empty((B, p)) if p else None
     for i in range(B):
-        A_i, E_i = _lp_data(prob, kind, i)
-        tA[i], tz[i] = tight_masks(A_i @ x[i] - b[i], x[i], h_scale[i], tight_rel)
+        A_i, E_i = lp.data(i)
+        tA[i], tz[i] = tight_masks(A_i @ x[i] - b[i], x[i], lp.h_scale[i], tight_rel)
         rows, bnds = np.flatnonzero(tA[i]), np.flatnonzero(tz[i])
         k = rows.size
         if k + p + bnds.size != n:
             return None
-        lu = _factor(prob, kind, i, A_i, E_i, rows, bnds)
+        lu = lp.factor(i, A_i, E_i, rows, bnds)
         if lu is None:
             return None
         solvers.append(lu)
@@ -240,16 +294,12 @@ def recover(prob, x: torch.Tensor, accept_tol: float, tight_rel: float):
             stat[i] += _rmatvec(E_i, u[i, m:m + p])
             rE[i] = E_i @ z[i] - b_eq[i]
     uA, uE, uz = u[:, :m], (u[:, m:m + p] if p else None), u[:, m + p:]
-    measures = kkt_terms(NUMPY_OPS, z, uA, uz, uE, rA, rE, stat, c, b, b_eq, h_scale, c_norm)
+    measures = kkt_terms(NUMPY_OPS, z, uA, uz, uE, rA, rE, stat, c, b, b_eq, lp.h_scale,
+                         lp.c_norm)
     kkt = _kkt(measures, NUMPY_OPS)
     if not bool((kkt <= accept_tol).all()):
         return None
-    t = torch.from_numpy
-    wA, wz = t(tA.astype(np.float64)), t(tz.astype(np.float64))
-    rec = Recovery(t(z), wA, wz, t(uA), t(uz), None if uE is None else t(uE),
-                   *map(t, measures), SquareActiveLU(wA, wz, solvers, t(index), kind))
-    rec.__dict__["_kkt_value"] = t(kkt)          # Recovery.kkt's cache
-    return rec
+    return Certified(z, uA, uz, uE, tA, tz, measures, kkt, solvers, index)
 
 
 class _SquareVertex(torch.autograd.Function):
@@ -275,7 +325,7 @@ class _SquareVertex(torch.autograd.Function):
         system, m, p, z = ctx.system, ctx.m, ctx.p, ctx.z
         lam = system.solve_t(_host(g if g.dtype == torch.float64 else g.double()))
         lamG = np.zeros((lam.shape[0], m + p + lam.shape[1]))
-        np.put_along_axis(lamG, system.index.numpy(), lam, 1)
+        lamG[np.arange(lam.shape[0])[:, None], system.index.numpy()] = lam
         grads = [None] * 4
         for j, (lo, hi) in enumerate(((0, m), (m, m + p))):
             need_M, need_h = ctx.needs_input_grad[5 + 2 * j], ctx.needs_input_grad[6 + 2 * j]

@@ -1,0 +1,127 @@
+r"""One small dense float64 CPU LP with a ``vertex_guess``, certified end to end on the host.
+
+:func:`solver.solve_lp`'s general route for a ``vertex_guess`` builds the batched problem
+(:func:`solver.problem.build_problem`: checks, flattening, the scales ``c_hat``, ``h_scale`` as
+torch ops), certifies the guess on the host (:func:`solver.square_active.recover`) and assembles
+the solution, its statistics and its per-LP statistics from torch tensors.  For one LP of the
+size the ratio losses solve every step (:mod:`objectives.ratio`: ``n = batch + 1``, e.g. 65)
+those ~60 torch dispatches cost more than the certificate itself (one LAPACK LU and a few
+products).  :func:`solve` takes the same steps with the host arrays, in the same order and
+with the same functions where there is arithmetic (:func:`solver.square_active.certify`, the
+KKT measures of :func:`solver.recover.kkt_terms`, the backward
+:class:`solver.square_active._SquareVertex`), so every field of its
+:class:`solver.LPSolution` and every gradient equals the general route's
+(``tests/test_solver_host_guess.py`` compares them field by field, to the bit).
+
+It covers: ``c [n]``, ``A [m, n]``, ``b [m]`` (and ``A_eq [p, n]``, ``b_eq [p]``) dense float64
+CPU tensors, ``n <= DENSE_LU_MAX_N``, a finite guess ``[n]`` or ``[1, n]``, the active-set
+backward, ``forward`` "newton" or "auto", ``linear_solver`` "auto" or "cholesky", no
+``compute_dtype`` other than float64.  Anything else, non-finite data, or a guess that does not
+certify returns ``None``: the caller then takes the general route, which raises the typed
+errors for bad input and solves what the guess does not, so no result depends on this path.
+"""
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import torch
+
+from solver.operators import DenseOperator
+from solver.solution import LPSolution
+from solver.square_active import (DENSE_LU_MAX_N, HostLP, SquareActiveLU, _SquareVertex, _host,
+                                  certify, dense_factor)
+
+# tests switch it off to compare with the general route
+ENABLED = True
+f64 = torch.float64
+
+
+def _plain(t) -> bool:
+    return (isinstance(t, torch.Tensor) and t.dtype == f64 and t.layout == torch.strided
+            and t.device.type == "cpu")
+
+
+def _shapes(c, A, b, A_eq, b_eq, x) -> tuple[int, int, int] | None:
+    """``(n, m, p)`` where the data are in this module's scope (see the module docstring)."""
+    if not all(_plain(t) for t in (c, A, b, x)) or c.dim() != 1 or A.dim() != 2 or b.dim() != 1:
+        return None
+    (n,), (m, cols) = c.shape, A.shape
+    if cols != n or b.shape[0] != m or not 0 < n <= DENSE_LU_MAX_N or x.shape[-1] != n \
+            or x.numel() != n or x.dim() > 2:
+        return None
+    p = 0
+    if A_eq is not None:
+        if not (_plain(A_eq) and _plain(b_eq) and A_eq.dim() == 2 and b_eq.dim() == 1
+                and A_eq.shape[1] == n and b_eq.shape[0] == A_eq.shape[0]):
+            return None
+        p = A_eq.shape[0]
+    return (n, m, p) if m + p else None
+
+
+def solve(c, A, b, A_eq, b_eq, opts, backward: str, t0: float) -> LPSolution | None:
+    """The :class:`solver.LPSolution` of ``solve_lp(c, A, b, A_eq, b_eq, backward=backward,
+    **opts)`` when the call is in scope and ``opts.vertex_guess`` certifies; else ``None``."""
+    x = opts.vertex_guess
+    if (not ENABLED or backward != "active_set" or opts.forward == "highs"
+            or opts.linear_solver not in ("auto", "cholesky")
+            or opts.compute_dtype not in (None, f64) or not isinstance(x, torch.Tensor)
+            or (A_eq is None) != (b_eq is None)):
+        return None
+    dims = _shapes(c, A, b, A_eq, b_eq, x)
+    if dims is None:
+        return None
+    n, m, p = dims
+    ch, Ah, bh, xh = _host(c), _host(A), _host(b), _host(x).reshape(1, n)
+    Eh, beh = (_host(A_eq), _host(b_eq)) if p else (None, None)
+    arrays = (ch, Ah, bh, xh) + ((Eh, beh) if p else ())
+    # one sum per array: finite iff no entry is NaN/Inf (build_problem's test; the general
+    # route names the culprit)
+    if not all(math.isfinite(a.sum()) for a in arrays):
+        return None
+    hmax = max(np.abs(bh).max() if m else 0.0, np.abs(beh).max() if p else 0.0)
+    lp = HostLP(ch[None], bh[None], None if not p else beh[None],
+                np.array([1.0 + hmax]), np.array([np.abs(ch).max()]),
+                lambda i: (Ah, Eh), lambda i, A_i, E_i, rows, bnds: dense_factor(A_i, E_i, rows, bnds))
+    from solver.recover import GUESS_TIGHT
+    out = certify(lp, xh, 1e-8 if opts.tol is None else opts.tol, GUESS_TIGHT)
+    if out is None:
+        return None
+    return _solution(c, A, b, A_eq, b_eq, x, out, n, m, p, opts, t0)
+
+
+def _solution(c, A, b, A_eq, b_eq, x, out, n, m, p, opts, t0) -> LPSolution:
+    """The fields :func:`solver.solve._solution` gives the same certified vertex."""
+    t = torch.from_numpy
+    wA, wz = t(out.tA.astype(np.float64)), t(out.tz.astype(np.float64))
+    system = SquareActiveLU(wA, wz, out.solvers, t(out.index), "dense")
+    z = t(out.z)
+    data = (A, b.unsqueeze(0), A_eq, None if b_eq is None else b_eq.unsqueeze(0))
+    if torch.is_grad_enabled() and any(d is not None and d.requires_grad for d in data):
+        ops = (DenseOperator(A), None if A_eq is None else DenseOperator(A_eq))
+        z = _SquareVertex.apply(z, system, m, p, ops, *data)
+    z = z.reshape(n)
+    primal_inf, dual_res, gap, _ = (float(v[0]) for v in out.measures)
+    kkt, active = float(out.kkt[0]), float(out.tA.sum() + out.tz.sum())
+    method = "cholesky"                  # what solver.linsolve.choose_method picks here
+    stats = {"iterations": 0, "converged": True, "kkt_residual": kkt,
+             "primal_infeasibility": primal_inf, "dual_residual": dual_res,
+             "duality_gap": gap, "active_count": active, "eps": 0.0, "eps_steps": 0,
+             "linear_solver": method, "active_factor": system.factor_kind,
+             "forward": "newton", "cg_iterations": 0, "batch_size": 1,
+             "seconds": time.perf_counter() - t0, "equilibrated": False, "presolve": None}
+    zero = torch.zeros((), dtype=torch.long)
+    per = {"iterations": zero, "converged": torch.tensor(True), "kkt_residual": torch.tensor(kkt, dtype=f64),
+           "primal_infeasibility": torch.tensor(primal_inf, dtype=f64),
+           "dual_residual": torch.tensor(dual_res, dtype=f64),
+           "duality_gap": torch.tensor(gap, dtype=f64),
+           "active_count": torch.tensor(active, dtype=f64),
+           "eps": torch.zeros((), dtype=f64), "eps_steps": zero.clone()}
+    return LPSolution(
+        z=z, value=(c * z).sum(-1), dual=t(out.uA[0]), active=t(out.tA[0]),
+        stats=stats, instance_stats=per,
+        dual_eq=None if out.uE is None else t(out.uE[0]),
+        dual_bounds=t(out.uz[0]), active_bounds=t(out.tz[0]),
+        eps=torch.zeros((), dtype=f64),
+        penalty_z=(x.detach() if x.requires_grad else x).reshape(n))
