@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from solver.operators import DenseOperator
-from solver.solution import LPSolution
+from solver.solution import LazyStats, LPSolution
 from solver.square_active import (DENSE_LU_MAX_N, HostLP, SquareActiveLU, _SquareVertex, _host,
                                   certify, dense_factor)
 
@@ -111,16 +111,17 @@ def _solution(c, A, b, A_eq, b_eq, x, out, n, m, p, opts, t0) -> LPSolution:
              "linear_solver": method, "active_factor": system.factor_kind,
              "forward": "newton", "cg_iterations": 0, "batch_size": 1,
              "seconds": time.perf_counter() - t0, "equilibrated": False, "presolve": None}
-    zero = torch.zeros((), dtype=torch.long)
-    per = {"iterations": zero, "converged": torch.tensor(True), "kkt_residual": torch.tensor(kkt, dtype=f64),
-           "primal_infeasibility": torch.tensor(primal_inf, dtype=f64),
-           "dual_residual": torch.tensor(dual_res, dtype=f64),
-           "duality_gap": torch.tensor(gap, dtype=f64),
-           "active_count": torch.tensor(active, dtype=f64),
-           "eps": torch.zeros((), dtype=f64), "eps_steps": zero.clone()}
+
+    def per():
+        def f(v):
+            return torch.tensor(v, dtype=f64)
+        return {"iterations": torch.tensor(0), "converged": torch.tensor(True),
+                "kkt_residual": f(kkt), "primal_infeasibility": f(primal_inf),
+                "dual_residual": f(dual_res), "duality_gap": f(gap), "active_count": f(active),
+                "eps": f(0.0), "eps_steps": torch.tensor(0)}
     return LPSolution(
         z=z, value=(c * z).sum(-1), dual=t(out.uA[0]), active=t(out.tA[0]),
-        stats=stats, instance_stats=per,
+        stats=stats, instance_stats=LazyStats(per),
         dual_eq=None if out.uE is None else t(out.uE[0]),
         dual_bounds=t(out.uz[0]), active_bounds=t(out.tz[0]),
         eps=torch.zeros((), dtype=f64),

@@ -1,10 +1,37 @@
 """The result of :func:`solver.solve_lp`."""
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+
+class LazyStats(Mapping):
+    """A read-only mapping built on first access by ``make()`` (the per-LP statistics of a
+    small solve cost more to build as tensors than the rest of its bookkeeping, and a training
+    loop rarely reads them)."""
+
+    def __init__(self, make: Callable[[], dict[str, torch.Tensor]]) -> None:
+        self._make, self._items = make, None
+
+    def _get(self) -> dict[str, torch.Tensor]:
+        if self._items is None:
+            self._items, self._make = self._make(), None
+        return self._items
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        return self._get()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._get())
+
+    def __len__(self) -> int:
+        return len(self._get())
+
+    def __repr__(self) -> str:
+        return repr(self._get())
 
 
 @dataclass
@@ -25,7 +52,8 @@ class LPSolution:
             ``highs``, ``iterations`` counts HiGHS's simplex iterations and ``eps`` is 0),
             ``equilibrated`` (Ruiz scaling ran) and ``presolve`` (``None`` or the rows and
             columns removed); after scaling the KKT measures are those of the scaled LP.
-        instance_stats: the same per LP, tensors of the batch shape.
+        instance_stats: the same per LP, tensors of the batch shape (a mapping; a
+            :class:`LazyStats` where they are built on first access).
         dual_eq: ``[..., p]`` multipliers of the equalities (or ``None``).
         dual_bounds: ``[..., n]`` multipliers of ``z >= 0``.
         active_bounds: ``[..., n]`` bool, bounds ``z_j = 0`` in the active set.
@@ -38,7 +66,7 @@ class LPSolution:
     dual: torch.Tensor
     active: torch.Tensor
     stats: dict[str, Any]
-    instance_stats: dict[str, torch.Tensor] = field(default_factory=dict)
+    instance_stats: Mapping[str, torch.Tensor] = field(default_factory=dict)
     dual_eq: torch.Tensor | None = None
     dual_bounds: torch.Tensor | None = None
     active_bounds: torch.Tensor | None = None

@@ -9,6 +9,8 @@ route itself is checked against HiGHS and finite differences in
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 import pytest
 import torch
@@ -47,7 +49,7 @@ def _same(a, b, where=""):
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
         assert a.dtype == b.dtype and a.shape == b.shape, where
         assert torch.equal(a, b), where
-    elif isinstance(a, dict):
+    elif isinstance(a, Mapping):
         assert list(a) == list(b), where
         for k in a:
             if k != "seconds":
