@@ -190,3 +190,23 @@ def test_no_grad_and_constant_data(monkeypatch):
     _compare(host, general)
     assert not host[0].z.requires_grad
     assert np.allclose(host[0].z.numpy(), z.numpy(), atol=1e-12)
+
+
+def test_empty_inequality_or_equality_blocks(monkeypatch):
+    """``A_eq`` with no rows, and ``A`` with no rows (equalities only): same as the general
+    route, the empty block's gradient included."""
+    c, A, b, _, _, z = planted_lp(3, n=7, m=10, p=0, zeros=2)
+    g = np.random.default_rng(0)
+    E, z2, c2 = g.standard_normal((5, 5)), g.uniform(0.5, 1.0, 5), g.standard_normal(5)
+    cases = [((c, A, b), (np.zeros((0, 7)), np.zeros(0)), z),
+             ((c2, np.zeros((0, 5)), np.zeros(0)), (E, E @ z2), z2)]
+    for ineq, eq, guess in cases:
+        def make():
+            data = [torch.tensor(a, dtype=f64, requires_grad=True) for a in (*ineq, *eq)]
+            sol = solve_lp(*data, vertex_guess=torch.tensor(guess, dtype=f64))
+            (sol.z.sum() + sol.value).backward()
+            return sol, [t.grad for t in data]
+        calls = []
+        host, general = _both(monkeypatch, make, calls)
+        assert calls == [0]
+        _compare(host, general)
