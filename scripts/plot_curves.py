@@ -38,19 +38,25 @@ def curves(folders: list[Path], metric: str, table: str = "binary") -> dict[str,
 
 
 def plot(groups: dict[str, list[list[tuple]]], metric: str, path: Path, title: str = "") -> None:
-    fig = Figure(figsize=(7.5, 4.5))
+    # more than ten settings: the legend goes below the axes (it hid the curves) and the
+    # colours repeat with a dashed line, so no two settings look alike
+    many = len(groups) > 10
+    fig = Figure(figsize=(7.5, 4.5 + (0.17 * len(groups) if many else 0)))
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     for i, (label, seeds) in enumerate(sorted(groups.items())):
-        color = f"C{i % 10}"
+        color, style = f"C{i % 10}", "-" if i < 10 else "--"
         for pts in seeds:
-            ax.plot(*zip(*pts), color=color, lw=0.7, alpha=0.45)
+            ax.plot(*zip(*pts), color=color, ls=style, lw=0.7, alpha=0.45)
         steps = sorted(set.intersection(*(set(s for s, _ in pts) for pts in seeds)))
         mean = [sum(dict(pts)[s] for pts in seeds) / len(seeds) for s in steps]
-        ax.plot(steps, mean, color=color, lw=2, label=f"{label} (n={len(seeds)})")
+        ax.plot(steps, mean, color=color, ls=style, lw=2, label=f"{label} (n={len(seeds)})")
     ax.set(xlabel="step", ylabel=metric, title=title)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="best")
+    if many:
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=1)
+    else:
+        ax.legend(fontsize=7, loc="best")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
