@@ -51,6 +51,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from solver.arrays import NUMPY, TORCH
+
 SAFEGUARDS = ("drop_redundant", "none")
 SENSES = ("max", "min")
 
@@ -171,24 +173,10 @@ def box_vertex(num, den, den0, s, phi, sense="max", rounds=3, bounds=None):
     lo, up = box_bounds(phi) if bounds is None else bounds
     lo, up = lo.detach(), up.detach()
     if lo.device.type == "cpu" and not (num.requires_grad or den.requires_grad):
-        x = _box_vertex(_NUMPY, num.numpy(), den.numpy(), den0, s, lo.numpy(), up.numpy(),
+        x = _box_vertex(NUMPY, num.numpy(), den.numpy(), den0, s, lo.numpy(), up.numpy(),
                         sense, rounds)
         return torch.from_numpy(x)
-    return _box_vertex(_TORCH, num, den, den0, s, lo, up, sense, rounds)
-
-
-class _TORCH:
-    where, dot, equal, cat = torch.where, torch.dot, torch.equal, torch.cat
-    div = staticmethod(lambda a, b: a / b)
-
-
-class _NUMPY:
-    where, dot, cat = np.where, np.dot, np.concatenate
-    equal = staticmethod(lambda a, b: bool((a == b).all()))   # (np.array_equal: 5x slower)
-    # a denominator that vanishes on the box vertex (e.g. P@R's with nothing predicted
-    # positive) makes the guess non-finite, as in torch, and warns about nothing (numpy's
-    # division by zero would): the solver ignores such a guess (solver.solve.run_from_guess)
-    div = staticmethod(lambda a, b: a / b if b else np.float64("nan"))
+    return _box_vertex(TORCH, num, den, den0, s, lo, up, sense, rounds)
 
 
 def _box_vertex(xp, num, den, den0, s, lo, up, sense, rounds):

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from solver.arrays import TORCH
 from solver.linsolve import NewtonSystem
 
 
@@ -73,38 +74,23 @@ def kkt_measures(prob, z, uA, uz, uE):
     stat = prob.c + prob.A.rmatvec(uA) - uz
     if uE is not None:
         stat = stat + prob.A_eq.rmatvec(uE)
-    return kkt_terms(TORCH_OPS, z, uA, uz, uE, rA, rE, stat, prob.c, prob.b, prob.b_eq,
+    return kkt_terms(TORCH, z, uA, uz, uE, rA, rE, stat, prob.c, prob.b, prob.b_eq,
                      prob.h_scale, prob.c_norm)
-
-
-class TORCH_OPS:
-    """The array ops :func:`kkt_terms` and :func:`_kkt` use, for torch tensors (``NUMPY_OPS``:
-    the same for numpy arrays, without numpy's slower Python-level reduction wrappers)."""
-    maximum, concatenate = staticmethod(torch.maximum), staticmethod(torch.cat)
-    amax, amin = staticmethod(torch.amax), staticmethod(torch.amin)
-    clip0 = staticmethod(lambda x: x.clamp_min(0))
-
-
-class NUMPY_OPS:
-    maximum, concatenate = staticmethod(np.maximum), staticmethod(np.concatenate)
-    amax = staticmethod(lambda x, axis: x.max(axis))
-    amin = staticmethod(lambda x, axis: x.min(axis))
-    clip0 = staticmethod(lambda x: np.maximum(x, 0.0))
 
 
 def kkt_terms(xp, z, uA, uz, uE, rA, rE, stat, c, b, b_eq, h_scale, c_norm):
     """``(primal_inf, dual_res, gap, value)`` from the residuals ``rA = A z - b``,
     ``rE = A_eq z - b_eq`` and the stationarity residual ``stat = c + A^T uA - uz + A_eq^T uE``;
-    ``xp``: ``TORCH_OPS`` or ``NUMPY_OPS`` (:mod:`solver.square_active` certifies on the host)."""
+    ``xp``: ``TORCH`` or ``NUMPY`` (:mod:`solver.square_active` certifies on the host)."""
     # max(0, max_i rA_i, max_j -z_j) and max(0, max_i -uA_i, max_j -uz_j) in one reduction each
-    inf = xp.clip0(xp.amax(xp.concatenate([rA, -z], -1), -1)) + 0.0   # + 0.0: no -0.0
+    inf = xp.clip0(xp.amax(xp.cat([rA, -z], -1), -1)) + 0.0   # + 0.0: no -0.0
     if rE is not None:
         inf = xp.maximum(inf, xp.amax(abs(rE), -1))
     primal_inf = inf / h_scale
     dual_obj = -(b * uA).sum(-1)
     if uE is not None:
         dual_obj = dual_obj - (b_eq * uE).sum(-1)
-    neg = xp.clip0(-xp.amin(xp.concatenate([uA, uz], -1), -1)) + 0.0
+    neg = xp.clip0(-xp.amin(xp.cat([uA, uz], -1), -1)) + 0.0
     dual_res = xp.maximum(xp.amax(abs(stat), -1), neg) / (1 + c_norm)
     value = (c * z).sum(-1)
     # scale the gap by the size of the terms that cancel in it
@@ -132,7 +118,7 @@ def _least_norm_dual(prob, system):
     return uA, uz, uE
 
 
-def _kkt(m, xp=TORCH_OPS):
+def _kkt(m, xp=TORCH):
     """One KKT number.  In float64 primal feasibility counts 100x: the active-set solve makes
     the right vertex feasible to roundoff, while on an ill-conditioned LP a wrong vertex can be
     feasible to ~1e-8 with a near-zero gap.  (``xp``: torch or numpy.)"""

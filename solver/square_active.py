@@ -48,6 +48,7 @@ import torch
 from scipy.linalg import lapack
 
 from solver.active_lu import active_rows, nonsingular_lu
+from solver.arrays import NUMPY
 from solver.linsolve import _CHOL_COND_MAX
 from solver.operators import DenseOperator, SparseOperator
 from solver.scipy_ops import host_matrix, row_counts
@@ -264,7 +265,7 @@ class Certified(NamedTuple):
 
 def certify(lp: HostLP, x: np.ndarray, accept_tol: float, tight_rel: float) -> Certified | None:
     """The host certificate of the vertex ``x [B, n]`` (see :func:`recover`), or ``None``."""
-    from solver.recover import NUMPY_OPS, _kkt, kkt_terms, tight_masks
+    from solver.recover import _kkt, kkt_terms, tight_masks
     c, b, b_eq = lp.c, lp.b, lp.b_eq
     (B, n), m, p = c.shape, b.shape[1], 0 if b_eq is None else b_eq.shape[1]
     solvers, index = [], np.empty((B, n), dtype=np.int64)
@@ -296,9 +297,9 @@ def certify(lp: HostLP, x: np.ndarray, accept_tol: float, tight_rel: float) -> C
             stat[i] += _rmatvec(E_i, u[i, m:m + p])
             rE[i] = E_i @ z[i] - b_eq[i]
     uA, uE, uz = u[:, :m], (u[:, m:m + p] if p else None), u[:, m + p:]
-    measures = kkt_terms(NUMPY_OPS, z, uA, uz, uE, rA, rE, stat, c, b, b_eq, lp.h_scale,
+    measures = kkt_terms(NUMPY, z, uA, uz, uE, rA, rE, stat, c, b, b_eq, lp.h_scale,
                          lp.c_norm)
-    kkt = _kkt(measures, NUMPY_OPS)
+    kkt = _kkt(measures, NUMPY)
     if not bool((kkt <= accept_tol).all()):
         return None
     return Certified(z, uA, uz, uE, tA, tz, measures, kkt, solvers, index)
