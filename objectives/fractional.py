@@ -51,7 +51,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from solver.arrays import NUMPY, TORCH
+from solver.arrays import NUMPY, NUMPY_IEEE, TORCH
 
 SAFEGUARDS = ("drop_redundant", "none")
 SENSES = ("max", "min")
@@ -156,7 +156,7 @@ def _identities(n: int, dtype: torch.dtype, device: torch.device):
     if out is None:
         eye = torch.eye(n, dtype=dtype, device=device)
         out = (eye, -eye)
-        if len(_IDENTITIES) < 64:
+        if n <= 1024 and len(_IDENTITIES) < 8:      # (at most 8 x 2 x 8 MiB)
             _IDENTITIES[key] = out
     return out
 
@@ -173,8 +173,15 @@ def box_vertex(num, den, den0, s, phi, sense="max", rounds=3, bounds=None):
     lo, up = box_bounds(phi) if bounds is None else bounds
     lo, up = lo.detach(), up.detach()
     if lo.device.type == "cpu" and not (num.requires_grad or den.requires_grad):
-        x = _box_vertex(NUMPY, num.numpy(), den.numpy(), den0, s, lo.numpy(), up.numpy(),
-                        sense, rounds)
+        args = (num.numpy(), den.numpy(), den0, s, lo.numpy(), up.numpy(), sense, rounds)
+        try:
+            x = _box_vertex(NUMPY, *args)
+        except ZeroDivisionError:
+            # a denominator that vanishes on a box vertex (e.g. P@R's with nothing predicted
+            # positive): IEEE's inf / NaN as in torch, which warns about nothing; the solver
+            # ignores a non-finite guess (solver.solve.run_from_guess)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                x = _box_vertex(NUMPY_IEEE, *args)
         return torch.from_numpy(x)
     return _box_vertex(TORCH, num, den, den0, s, lo, up, sense, rounds)
 

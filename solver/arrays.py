@@ -29,6 +29,15 @@ class NUMPY:
     amin = staticmethod(lambda x, axis: x.min(axis))
     equal = staticmethod(lambda a, b: bool((a == b).all()))   # (np.array_equal: 5x slower)
     clip0 = staticmethod(lambda x: np.maximum(x, 0.0))
-    # a zero denominator gives NaN without numpy's division warning (torch warns about none);
-    # for scalars (the ratio of box_vertex)
-    div = staticmethod(lambda a, b: a / b if b else np.float64("nan"))
+    div = staticmethod(lambda a, b: a / b if b else _zero_denominator())
+
+
+class NUMPY_IEEE(NUMPY):
+    """:class:`NUMPY` whose division by zero gives IEEE's +-inf / NaN (torch's result), for a
+    caller that has caught :class:`NUMPY`'s ``ZeroDivisionError`` and reruns under
+    ``np.errstate`` (which costs more than the arithmetic, so only then)."""
+    div = staticmethod(lambda a, b: a / b)
+
+
+def _zero_denominator():
+    raise ZeroDivisionError("a zero scalar denominator (rerun with NUMPY_IEEE)")

@@ -112,17 +112,17 @@ def _solution(c, A, b, A_eq, b_eq, x, out, n, m, p, opts, t0) -> LPSolution:
              "forward": "newton", "cg_iterations": 0, "batch_size": 1,
              "seconds": time.perf_counter() - t0, "equilibrated": False, "presolve": None}
 
-    def per():
-        def f(v):
-            return torch.tensor(v, dtype=f64)
-        return {"iterations": torch.tensor(0), "converged": torch.tensor(True),
+    def per():                       # (on the CPU like the data, whatever the default device)
+        def f(v, dtype=f64):
+            return torch.tensor(v, dtype=dtype, device="cpu")
+        return {"iterations": f(0, torch.long), "converged": f(True, torch.bool),
                 "kkt_residual": f(kkt), "primal_infeasibility": f(primal_inf),
                 "dual_residual": f(dual_res), "duality_gap": f(gap), "active_count": f(active),
-                "eps": f(0.0), "eps_steps": torch.tensor(0)}
+                "eps": f(0.0), "eps_steps": f(0, torch.long)}
     return LPSolution(
         z=z, value=(c * z).sum(-1), dual=t(out.uA[0]), active=t(out.tA[0]),
         stats=stats, instance_stats=LazyStats(per),
         dual_eq=None if out.uE is None else t(out.uE[0]),
         dual_bounds=t(out.uz[0]), active_bounds=t(out.tz[0]),
-        eps=torch.zeros((), dtype=f64),
+        eps=torch.zeros((), dtype=f64, device="cpu"),
         penalty_z=(x.detach() if x.requires_grad else x).reshape(n))

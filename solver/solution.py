@@ -17,9 +17,22 @@ class LazyStats(Mapping):
         self._make, self._items = make, None
 
     def _get(self) -> dict[str, torch.Tensor]:
-        if self._items is None:
-            self._items, self._make = self._make(), None
-        return self._items
+        items = self._items
+        if items is None:
+            items = self._items = self._make()
+        return items
+
+    def __reduce__(self):             # pickle, torch.save, copy: as the plain dict
+        return dict, (self._get(),)
+
+    def copy(self) -> dict[str, torch.Tensor]:
+        return dict(self._get())
+
+    def __or__(self, other):
+        return self._get() | dict(other)
+
+    def __ror__(self, other):
+        return dict(other) | self._get()
 
     def __getitem__(self, key: str) -> torch.Tensor:
         return self._get()[key]

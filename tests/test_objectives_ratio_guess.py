@@ -128,3 +128,25 @@ def test_vertex_guess_of_the_wrong_size_says_so():
         solve_lp(lp.c, lp.A, lp.b, lp.A_eq, lp.b_eq, vertex_guess=torch.zeros(3))
     with pytest.raises(LPInputError, match="vertex_guess"):
         solve_lp(lp.c, lp.A, lp.b, lp.A_eq, lp.b_eq, vertex_guess=torch.zeros(4, 65))
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_box_vertex_numpy_equals_torch_with_zero_denominators(seed):
+    """The host (numpy) path of box_vertex gives the torch path's guess bit for bit, also where
+    a round's denominator is zero (IEEE inf / NaN on both, no numpy warning): zeros in ``den``
+    and ``den0``, scores on the box edges."""
+    import warnings
+
+    from objectives.fractional import box_vertex
+    g = torch.Generator().manual_seed(seed)
+    n = 6
+    num = torch.randint(-2, 3, (n,), generator=g).double()
+    den = torch.randint(0, 2, (n,), generator=g).double() * (seed % 3 != 0)
+    phi = torch.randint(-2, 3, (n,), generator=g).double() / 2
+    for sense in ("max", "min"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            host = box_vertex(num, den, 0.0, 1.0, phi, sense)
+        dev = box_vertex(num.clone().requires_grad_(True), den, 0.0, 1.0, phi, sense)
+        assert torch.equal(host.isnan(), dev.isnan())
+        assert torch.equal(host.nan_to_num(), dev.detach().nan_to_num())

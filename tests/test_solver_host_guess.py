@@ -210,3 +210,35 @@ def test_empty_inequality_or_equality_blocks(monkeypatch):
         host, general = _both(monkeypatch, make, calls)
         assert calls == [0]
         _compare(host, general)
+
+
+def test_the_solution_pickles_and_stays_on_the_cpu(monkeypatch):
+    """A host-route solution saves and copies like the general route's (its lazy per-LP
+    statistics become the plain dict), and its tensors are on the CPU whatever torch's default
+    device is."""
+    import copy
+    import pickle
+    c, A, b, E, be, z = (torch.tensor(a, dtype=f64) for a in planted_lp(3, n=9, m=14, p=1))
+    sol = solve_lp(c, A, b, E, be, vertex_guess=z)
+    assert sol.stats["active_factor"] == "dense_lu"
+    for back in (pickle.loads(pickle.dumps(sol)), copy.deepcopy(sol),
+                 torch.load(_saved(sol), weights_only=False)):
+        assert type(back.instance_stats) is dict
+        _same(back.instance_stats, dict(sol.instance_stats))
+    assert set(sol.instance_stats.copy()) == set(sol.instance_stats | {})
+    monkeypatch.setattr(host_guess, "ENABLED", True)
+    torch.set_default_device("meta")
+    try:
+        s2 = solve_lp(c, A, b, E, be, vertex_guess=z)
+        tensors = [s2.z, s2.value, s2.dual, s2.eps, s2.penalty_z, *s2.instance_stats.values()]
+    finally:
+        torch.set_default_device("cpu")
+    assert all(t.device.type == "cpu" for t in tensors)
+
+
+def _saved(obj):
+    import io
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    buf.seek(0)
+    return buf
