@@ -154,8 +154,9 @@ def _identities(n: int, dtype: torch.dtype, device: torch.device):
     key = (n, dtype, device)
     out = _IDENTITIES.get(key)
     if out is None:
-        eye = torch.eye(n, dtype=dtype, device=device)
-        out = (eye, -eye)
+        with torch.inference_mode(False):      # (normal tensors, as in ratio._half_diff)
+            eye = torch.eye(n, dtype=dtype, device=device)
+            out = (eye, -eye)
         if n <= 1024 and len(_IDENTITIES) < 8:      # (at most 8 x 2 x 8 MiB)
             _IDENTITIES[key] = out
     return out

@@ -130,7 +130,10 @@ def _half_diff(logits: torch.Tensor) -> torch.Tensor:
     """``[-1/2, 1/2]`` in the logits' dtype (CPU; made once per dtype)."""
     key = (logits.dtype, logits.device)
     if key not in _HALF_DIFF:
-        _HALF_DIFF[key] = torch.tensor([-0.5, 0.5], dtype=logits.dtype, device=logits.device)
+        # a normal tensor even when the first call runs under torch.inference_mode (an
+        # inference tensor cannot be saved for a later call's backward)
+        with torch.inference_mode(False):
+            _HALF_DIFF[key] = torch.tensor([-0.5, 0.5], dtype=logits.dtype, device=logits.device)
     return _HALF_DIFF[key]
 
 

@@ -111,3 +111,21 @@ def test_objectives_declare_tasks_and_min_batch():
     assert AUCLoss.tasks == ("binary",) and F1LPLoss.tasks == ("binary",)
     assert "multiclass" in AUCOneVsAllLoss.tasks and "multiclass" in AUCMuLoss.tasks
     assert AUCLoss.min_batch_size == 2 and F1LPLoss.min_batch_size == 2
+
+
+@pytest.mark.parametrize("name", sorted(BINARY) + sorted(MULTI))
+def test_a_call_under_inference_mode_does_not_break_later_training(name, monkeypatch):
+    """An evaluation under ``torch.inference_mode`` first (the objective's cached constants
+    made there), then a training call with its backward: the caches hold normal tensors."""
+    import objectives.fractional as fractional
+    import objectives.ratio as ratio
+    monkeypatch.setattr(ratio, "_HALF_DIFF", {})
+    monkeypatch.setattr(fractional, "_IDENTITIES", {})
+    loss_fn = (BINARY | MULTI)[name]()
+    k = 3 if name in MULTI else 2
+    labels = torch.tensor([0, 1, 1, 0, 1, 0, 1, 2 if k == 3 else 1])
+    with torch.inference_mode():
+        loss_fn(_logits(k=k).detach(), labels)
+    logits = _logits(k=k)
+    loss_fn(logits, labels).backward()
+    assert logits.grad is not None and torch.isfinite(logits.grad).all()
