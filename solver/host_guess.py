@@ -29,9 +29,10 @@ import numpy as np
 import torch
 
 from solver.operators import DenseOperator
+from solver.recover import GUESS_TIGHT
 from solver.solution import LazyStats, LPSolution
-from solver.square_active import (DENSE_LU_MAX_N, HostLP, SquareActiveLU, _SquareVertex, _host,
-                                  certify, dense_factor)
+from solver.square_active import (DENSE_LU_MAX_N, HostLP, _SquareVertex, _host, certify,
+                                  dense_factor)
 
 # tests switch it off to compare with the general route
 ENABLED = True
@@ -83,19 +84,17 @@ def solve(c, A, b, A_eq, b_eq, opts, backward: str, t0: float) -> LPSolution | N
     hmax = max(np.abs(bh).max() if m else 0.0, np.abs(beh).max() if p else 0.0)
     lp = HostLP(ch[None], bh[None], None if not p else beh[None],
                 np.array([1.0 + hmax]), np.array([np.abs(ch).max()]),
-                lambda i: (Ah, Eh), lambda i, A_i, E_i, rows, bnds: dense_factor(A_i, E_i, rows, bnds))
-    from solver.recover import GUESS_TIGHT
+                lambda i: (Ah, Eh), lambda i, *data_and_sets: dense_factor(*data_and_sets))
     out = certify(lp, xh, 1e-8 if opts.tol is None else opts.tol, GUESS_TIGHT)
     if out is None:
         return None
-    return _solution(c, A, b, A_eq, b_eq, x, out, n, m, p, opts, t0)
+    return _solution(c, A, b, A_eq, b_eq, x, out, n, m, p, t0)
 
 
-def _solution(c, A, b, A_eq, b_eq, x, out, n, m, p, opts, t0) -> LPSolution:
+def _solution(c, A, b, A_eq, b_eq, x, out, n, m, p, t0) -> LPSolution:
     """The fields :func:`solver.solve._solution` gives the same certified vertex."""
     t = torch.from_numpy
-    wA, wz = t(out.tA.astype(np.float64)), t(out.tz.astype(np.float64))
-    system = SquareActiveLU(wA, wz, out.solvers, t(out.index), "dense")
+    system = out.system("dense")
     z = t(out.z)
     data = (A, b.unsqueeze(0), A_eq, None if b_eq is None else b_eq.unsqueeze(0))
     if torch.is_grad_enabled() and any(d is not None and d.requires_grad for d in data):

@@ -225,10 +225,9 @@ def recover(prob, x: torch.Tensor, accept_tol: float, tight_rel: float):
     if out is None:
         return None
     t = torch.from_numpy
-    wA, wz = t(out.tA.astype(np.float64)), t(out.tz.astype(np.float64))
-    rec = Recovery(t(out.z), wA, wz, t(out.uA), t(out.uz), None if out.uE is None else t(out.uE),
-                   *map(t, out.measures),
-                   SquareActiveLU(wA, wz, out.solvers, t(out.index), kind))
+    system = out.system(kind)
+    rec = Recovery(t(out.z), system.wA, system.wz, t(out.uA), t(out.uz),
+                   None if out.uE is None else t(out.uE), *map(t, out.measures), system)
     rec.__dict__["_kkt_value"] = t(out.kkt)          # Recovery.kkt's cache
     return rec
 
@@ -261,6 +260,13 @@ class Certified(NamedTuple):
     kkt: np.ndarray
     solvers: list
     index: np.ndarray
+
+    def system(self, kind: str) -> "SquareActiveLU":
+        """The backward's :class:`SquareActiveLU` (``kind``: "dense" or "sparse"), with the 0/1
+        active masks as float64 tensors."""
+        t = torch.from_numpy
+        wA, wz = t(self.tA.astype(np.float64)), t(self.tz.astype(np.float64))
+        return SquareActiveLU(wA, wz, self.solvers, t(self.index), kind)
 
 
 def certify(lp: HostLP, x: np.ndarray, accept_tol: float, tight_rel: float) -> Certified | None:

@@ -24,23 +24,27 @@ from tests.test_solver_square_active import planted_lp
 f64 = torch.float64
 
 
-def _both(monkeypatch, make, calls=None):
-    """``make()`` (a solve, then its backward) on the host route and on the general route;
-    ``calls`` (a list) gets the number of general-route solves of the first."""
-    out, count = {}, []
-    real = solve_mod.build_problem
+def _spy_general(monkeypatch) -> list:
+    """A list that gets one entry per general-route solve (a call of its problem builder)."""
+    count, real = [], solve_mod.build_problem
 
     def spy(*args, **kwargs):
         count.append(1)
         return real(*args, **kwargs)
     monkeypatch.setattr(solve_mod, "build_problem", spy)
+    return count
+
+
+def _both(monkeypatch, make, calls=None):
+    """``make()`` (a solve, then its backward) on the host route and on the general route;
+    ``calls`` (a list) gets the number of general-route solves of the first."""
+    out, count = {}, _spy_general(monkeypatch)
     for enabled in (True, False):
         monkeypatch.setattr(host_guess, "ENABLED", enabled)
         count.clear()
         out[enabled] = make()
         if enabled and calls is not None:
             calls.append(len(count))
-    monkeypatch.setattr(solve_mod, "build_problem", real)
     monkeypatch.setattr(host_guess, "ENABLED", True)
     return out[True], out[False]
 
@@ -132,16 +136,9 @@ def test_the_host_route_builds_no_batched_problem(monkeypatch):
 
 
 def _calls_general(monkeypatch, *args, **kwargs):
-    called = []
-    real = solve_mod.build_problem
-
-    def spy(*a, **k):
-        called.append(1)
-        return real(*a, **k)
-    monkeypatch.setattr(solve_mod, "build_problem", spy)
+    count = _spy_general(monkeypatch)
     sol = solve_lp(*args, **kwargs)
-    monkeypatch.setattr(solve_mod, "build_problem", real)
-    return bool(called), sol
+    return bool(count), sol
 
 
 def test_what_the_host_route_leaves_to_the_general_route(monkeypatch):
