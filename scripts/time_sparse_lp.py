@@ -22,6 +22,7 @@ Each row times fwd+bwd (``(z * w).sum().backward()``; the forward alone with
     OMP_NUM_THREADS=1 python scripts/time_sparse_lp.py --cases ones,sparse --solvers "" \
         --highs-forward --without-lu --repeats 41   # forward='highs' + backward vs HiGHS
         [--highs-core]   # also vs HiGHS through scipy's bindings, without linprog's wrapper
+        [--general-route]  # and forward='highs' without solver.host_highs, vs the same core
         [--forward-only]  # every row times the forward alone (no backward)
 """
 from __future__ import annotations
@@ -39,7 +40,7 @@ import torch
 from scipy.optimize import linprog
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from solver import active_lu, highs, solve_lp, square_active  # noqa: E402
+from solver import active_lu, highs, host_highs, solve_lp, square_active  # noqa: E402
 
 LU_MIN_N = active_lu.ACTIVE_LU_MIN_N
 HOST_ELIGIBLE = square_active.eligible
@@ -141,6 +142,9 @@ def main():
                     help="with --highs-forward: also divide by HiGHS called through scipy's "
                          "bindings without linprog's wrapper (solver.highs._highs_direct, what "
                          "forward='highs' calls), timed alternately")
+    ap.add_argument("--general-route", action="store_true",
+                    help="with --highs-forward --highs-core: also time forward='highs' through "
+                         "the general route (solver.host_highs switched off), against the core")
     ap.add_argument("--forward-only", action="store_true",
                     help="time solve_lp's forward alone (the default times fwd+bwd)")
     ap.add_argument("--cvxpylayers", action="store_true",
@@ -166,6 +170,8 @@ def main():
             variants.append(("forward=highs", dict(forward="highs")))
         if args.highs_forward and args.highs_core:
             variants.append(("forward=highs / core", dict(forward="highs")))
+        if args.highs_forward and args.highs_core and args.general_route:
+            variants.append(("general route / core", dict(forward="highs")))
         if args.without_lu:
             variants.append(("forward=highs, no LU", dict(forward="highs")))
         for label, kw in variants:
@@ -174,6 +180,8 @@ def main():
             no_lu = label.endswith("no LU")
             active_lu.ACTIVE_LU_MIN_N = 10 ** 9 if no_lu else LU_MIN_N
             square_active.eligible = (lambda prob: None) if no_lu else HOST_ELIGIBLE
+            # "general route": the torch glue around HiGHS (solver.host_highs off), as before
+            host_highs.ENABLED = not (no_lu or label.startswith("general route"))
             # HiGHS alone is timed again, interleaved with this variant: ratio under one load
             base = (lambda: highs._highs_direct(c, A, b, None, None, None)) \
                 if label.endswith("/ core") else \

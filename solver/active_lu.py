@@ -24,7 +24,14 @@ import scipy.sparse as sp
 import torch
 from scipy.sparse.linalg import splu
 
-from solver.scipy_ops import host_matrix, row_counts
+from solver.scipy_ops import HostCSR, host_matrix, row_counts
+
+try:    # SuperLU as splu calls it (pinned scipy), without building a matrix for A and for U
+    from scipy.sparse.linalg._dsolve._superlu import gstrf as _gstrf
+except ImportError:      # pragma: no cover - another scipy: splu itself
+    _gstrf = None
+# splu's defaults (scipy.sparse.linalg.splu): the same factorisation as splu(M)
+_SPLU_OPTIONS = dict(DiagPivotThresh=None, ColPerm=None, PanelSize=None, Relax=None)
 
 # a pivot of U below this fraction of the largest marks M numerically singular (cond(M) above
 # ~1e10 relative: the normal-equations path, whose eigen filter drops directions below
@@ -45,22 +52,73 @@ def eligible(prob) -> bool:
 def nonsingular_lu(Mt):
     """SuperLU of the CSC matrix ``Mt``, or ``None`` where it is singular: exactly (SuperLU
     stops) or numerically (a pivot of ``U`` below ``_PIVOT_MIN`` of the largest)."""
-    try:
-        lu = splu(Mt)
-    except RuntimeError:                           # an exactly zero pivot
-        return None
-    u = np.abs(lu.U.diagonal())
+    Mt.sum_duplicates()                            # (what splu does first: sorted, distinct)
+    return lu_of_arrays(Mt.data, Mt.indices, Mt.indptr, Mt.shape[0])
+
+
+def lu_of_arrays(data, indices, indptr, n):
+    """:func:`nonsingular_lu` of the ``n x n`` CSC matrix with these arrays (sorted, distinct
+    row indices in each column), without a scipy matrix object: SuperLU as
+    ``scipy.sparse.linalg.splu`` calls it, with its default options, and the pivots read off
+    the arrays of ``U``."""
+    if _gstrf is None:                                    # pragma: no cover - another scipy
+        lu = _splu_or_none(sp.csc_matrix((data, indices, indptr), shape=(n, n)))
+        if lu is None:
+            return None
+        U = lu.U.tocsc()
+        U = (U.data, U.indices, U.indptr)
+    else:
+        try:
+            lu = _gstrf(n, data.size, data, indices.astype(np.intc, copy=False),
+                        indptr.astype(np.intc, copy=False), csc_construct_func=_arrays,
+                        ilu=False, options=_SPLU_OPTIONS)
+        except RuntimeError:                              # an exactly zero pivot
+            return None
+        U = lu.U[0]
+    u = _diagonal(*U, n)
     if not u.size or u.min() <= _PIVOT_MIN * u.max():
         return None
     return lu
 
 
+def _splu_or_none(M):
+    try:
+        return splu(M)
+    except RuntimeError:
+        return None
+
+
+def _arrays(arrays, shape):
+    """SuperLU's constructor for ``L`` and ``U``: their CSC arrays as they are."""
+    return arrays, shape
+
+
+def _diagonal(data, indices, indptr, n):
+    """``|diag|`` of the CSC matrix with these arrays (SuperLU's may be longer than the
+    ``indptr[-1]`` entries they hold)."""
+    col = np.repeat(np.arange(n), np.diff(indptr))
+    nnz = col.size
+    data, indices = data[:nnz], indices[:nnz]
+    on = indices == col
+    u = np.zeros(n)
+    u[col[on]] = np.abs(data[on])
+    return u
+
+
 def active_rows(prob, i, rows):
     """``S = [A_T; A_eq]`` of LP ``i`` (the rows ``rows`` of ``A``, then every equality row) as
     CSR arrays ``(data, indices, row lengths)``, gathered from the host copies' arrays."""
-    blocks = [(host_matrix(prob, "A", i, sparse=True).tocsr(), rows)]
-    if prob.A_eq is not None:
-        E = host_matrix(prob, "A_eq", i, sparse=True).tocsr()
+    E = None if prob.A_eq is None else host_matrix(prob, "A_eq", i, sparse=True)
+    return stacked_rows(host_matrix(prob, "A", i, sparse=True), E, rows)
+
+
+def stacked_rows(A, E, rows):
+    """``[A[rows]; E]`` (``E``: ``None`` for no equality rows) of the CSR matrices ``A``, ``E``
+    (scipy or :class:`solver.scipy_ops.HostCSR`) as CSR arrays ``(data, indices, row
+    lengths)``."""
+    blocks = [(_csr(A), rows)]
+    if E is not None:
+        E = _csr(E)
         blocks.append((E, np.arange(E.shape[0])))
     lens, idx, dat = [], [], []
     for X, sel in blocks:
@@ -71,6 +129,10 @@ def active_rows(prob, i, rows):
         idx.append(X.indices[pos])
         dat.append(X.data[pos])
     return np.concatenate(dat), np.concatenate(idx), np.concatenate(lens)
+
+
+def _csr(X):
+    return X if isinstance(X, HostCSR) else X.tocsr()
 
 
 def _active_matrix_t(prob, i, rows, bounds):

@@ -41,7 +41,7 @@ from scipy.optimize import linprog
 from solver.errors import LPInputError, LPNotConvergedWarning, LPSolverError, LPTimeLimitError
 from solver import square_active
 from solver.recover import recover_vertex
-from solver.scipy_ops import host_matrix
+from solver.scipy_ops import HostCSR, host_matrix
 
 
 def check_call(prob, backward: str) -> None:
@@ -63,15 +63,22 @@ def _solve_one(prob, i, A, E, deadline=None):
     c = _vec(prob.c, i)
     b = _vec(prob.b, i) if prob.m else None
     b_eq = None if E is None else _vec(prob.b_eq, i)
-    # HiGHS's own clock stops it at the time left (status 1 below)
+    return solve_host(c, A if prob.m else None, b, E, b_eq, deadline)
+
+
+def solve_host(c, A, b, E, b_eq, deadline=None):
+    """HiGHS on one LP given as host arrays (``A``, ``b``: ``None`` for no inequality rows;
+    ``E``, ``b_eq``: ``None`` for no equalities): ``(result, kind)``, ``kind`` the failure
+    ("infeasible", "unbounded", "time_limit") or ``None``.  ``deadline``: a
+    ``time.perf_counter()`` value; HiGHS's own clock stops it at the time left (status 1)."""
     limit = None if deadline is None else max(1e-3, deadline - time.perf_counter())
-    res = _highs(c, A if prob.m else None, b, E, b_eq, limit)
+    res = _highs(c, A, b, E, b_eq, limit)
     if res.status == 1:
         return res, "time_limit"
     kind = {2: "infeasible", 3: "unbounded"}.get(res.status)
     if res.status == 4 and "unbounded or infeasible" in res.message.lower():
         # HiGHS's presolve can stop at "unbounded or infeasible": a feasibility LP decides
-        feas = _highs(np.zeros_like(c), A if prob.m else None, b, E, b_eq, limit)
+        feas = _highs(np.zeros_like(c), A, b, E, b_eq, limit)
         kind = "infeasible" if feas.status == 2 else "unbounded"
     return res, kind
 
@@ -125,8 +132,10 @@ def _highs_direct(c, A, b, E, b_eq, time_limit):
     :func:`solver.recover.recover_vertex` tries its least-norm multipliers first anyway)."""
     n, m = c.size, 0 if A is None else A.shape[0]
     p = 0 if E is None else E.shape[0]
-    rows = [sp.csr_matrix(X) for X in (A, E) if X is not None]     # (no copy if CSR)
-    M = rows[0] if len(rows) == 1 else sp.vstack(rows, format="csr")
+    # (no copy of a CSR matrix or of HostCSR's arrays)
+    rows = [X if isinstance(X, (sp.csr_matrix, HostCSR)) else sp.csr_matrix(X) for X in (A, E)
+            if X is not None]
+    M = rows[0] if len(rows) == 1 else sp.vstack([X.tocsr() for X in rows], format="csr")
     lp = _h.HighsLp()
     lp.num_col_, lp.num_row_ = n, m + p
     mat = lp.a_matrix_
@@ -181,14 +190,16 @@ def _fail(kind, idx, detail):
                          instances=idx)
 
 
-def highs_forward(prob, opts, method, deadline=None, only=None, start=None):
+def highs_forward(prob, opts, method, deadline=None, only=None, start=None, solved=None):
     """Solve every LP of ``prob`` with HiGHS and recover the active set; returns the ``run``
     dict that :func:`solver.solve.solve_lp` turns into an :class:`LPSolution`.
 
     ``only`` (``forward="auto"``'s hand-off): the batch indices HiGHS solves; every other LP
     keeps the vertex and multipliers of ``start`` (the Newton run's dict), and the whole batch
     then goes through the same recovery, so the backward is one active-set solve for all.
-    ``deadline``: a ``time.perf_counter()`` value, passed to HiGHS as its time limit."""
+    ``deadline``: a ``time.perf_counter()`` value, passed to HiGHS as its time limit.
+    ``solved``: ``{i: result}`` of LPs HiGHS has already solved (:mod:`solver.host_highs`,
+    whose certificate did not apply): not solved again."""
     xs, uA, uz, uE, nit = [], [], [], [], []
     bad = {}
     todo = set(range(prob.B)) if only is None else set(only)
@@ -203,7 +214,8 @@ def highs_forward(prob, opts, method, deadline=None, only=None, start=None):
             continue
         A = host_matrix(prob, "A", i)
         E = None if prob.A_eq is None else host_matrix(prob, "A_eq", i)
-        res, kind = _solve_one(prob, i, A, E, deadline)
+        res, kind = (solved[i], None) if solved and i in solved else \
+            _solve_one(prob, i, A, E, deadline)
         if res.status != 0:
             bad.setdefault(kind or "not_converged", []).append((i, res.message))
             continue

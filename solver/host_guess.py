@@ -88,33 +88,44 @@ def solve(c, A, b, A_eq, b_eq, opts, backward: str, t0: float) -> LPSolution | N
     out = certify(lp, xh, 1e-8 if opts.tol is None else opts.tol, GUESS_TIGHT)
     if out is None:
         return None
-    return _solution(c, A, b, A_eq, b_eq, x, out, n, m, p, t0)
+    def ops():
+        return DenseOperator(A), None if A_eq is None else DenseOperator(A_eq)
+    # "cholesky": what solver.linsolve.choose_method picks for a small dense LP
+    return certified_solution(c, (A, b, A_eq, b_eq), ops, out, "dense", iterations=0,
+                              method="cholesky", forward="newton", penalty_z=x.reshape(n),
+                              t0=t0)
 
 
-def _solution(c, A, b, A_eq, b_eq, x, out, n, m, p, t0) -> LPSolution:
-    """The fields :func:`solver.solve._solution` gives the same certified vertex."""
+def certified_solution(c, data, ops, out, kind: str, *, iterations: int, method: str,
+                       forward: str, penalty_z: torch.Tensor, t0: float) -> LPSolution:
+    """The fields :func:`solver.solve._solution` gives one certified vertex (``out``, from
+    :func:`solver.square_active.certify`; ``kind``: its factor, "dense" or "sparse") of the LP
+    ``data = (A, b, A_eq, b_eq)`` (``A`` / ``A_eq``: the matrices' differentiable data as
+    :class:`solver.square_active._SquareVertex` reads them through the operators ``ops()``
+    makes, or ``None`` where they are constant), with the statistics of a ``forward`` run of ``iterations`` steps and
+    linear solver ``method``.  Shared by this module and :mod:`solver.host_highs`."""
     t = torch.from_numpy
-    system = out.system("dense")
+    A, b, A_eq, b_eq = data
+    (_, n), m, p = out.z.shape, out.tA.shape[1], 0 if out.uE is None else out.uE.shape[1]
+    system = out.system(kind)
     z = t(out.z)
     data = (A, b.unsqueeze(0), A_eq, None if b_eq is None else b_eq.unsqueeze(0))
     if torch.is_grad_enabled() and any(d is not None and d.requires_grad for d in data):
-        ops = (DenseOperator(A), None if A_eq is None else DenseOperator(A_eq))
-        z = _SquareVertex.apply(z, system, m, p, ops, *data)
+        z = _SquareVertex.apply(z, system, m, p, ops(), *data)
     z = z.reshape(n)
     primal_inf, dual_res, gap, _ = (float(v[0]) for v in out.measures)
     kkt, active = float(out.kkt[0]), float(out.tA.sum() + out.tz.sum())
-    method = "cholesky"                  # what solver.linsolve.choose_method picks here
-    stats = {"iterations": 0, "converged": True, "kkt_residual": kkt,
+    stats = {"iterations": iterations, "converged": True, "kkt_residual": kkt,
              "primal_infeasibility": primal_inf, "dual_residual": dual_res,
              "duality_gap": gap, "active_count": active, "eps": 0.0, "eps_steps": 0,
              "linear_solver": method, "active_factor": system.factor_kind,
-             "forward": "newton", "cg_iterations": 0, "batch_size": 1,
+             "forward": forward, "cg_iterations": 0, "batch_size": 1,
              "seconds": time.perf_counter() - t0, "equilibrated": False, "presolve": None}
 
     def per():                       # (on the CPU like the data, whatever the default device)
         def f(v, dtype=f64):
             return torch.tensor(v, dtype=dtype, device="cpu")
-        return {"iterations": f(0, torch.long), "converged": f(True, torch.bool),
+        return {"iterations": f(iterations, torch.long), "converged": f(True, torch.bool),
                 "kkt_residual": f(kkt), "primal_infeasibility": f(primal_inf),
                 "dual_residual": f(dual_res), "duality_gap": f(gap), "active_count": f(active),
                 "eps": f(0.0), "eps_steps": f(0, torch.long)}
@@ -123,5 +134,5 @@ def _solution(c, A, b, A_eq, b_eq, x, out, n, m, p, t0) -> LPSolution:
         stats=stats, instance_stats=LazyStats(per),
         dual_eq=None if out.uE is None else t(out.uE[0]),
         dual_bounds=t(out.uz[0]), active_bounds=t(out.tz[0]),
-        eps=torch.zeros((), dtype=f64, device="cpu"),
-        penalty_z=(x.detach() if x.requires_grad else x).reshape(n))
+        eps=torch.zeros((), dtype=f64, device="cpu") if forward == "newton" else None,
+        penalty_z=penalty_z.detach() if penalty_z.requires_grad else penalty_z)

@@ -72,21 +72,32 @@ def _one_per_row(op) -> bool:
     return counts is not None and (counts.numel() == 0 or int(counts.max()) <= 1)
 
 
+def auto_method(n: int, *, diagonal_ok: bool, sparse_ok: bool, gram_nnz, dense_gram_cheap: bool
+                ) -> str:
+    """``linear_solver="auto"``'s choice for ``n`` variables: "diagonal" for a diagonal gram,
+    "sparse" where allowed (``sparse_ok``: CPU, not unrolled) and ``gram_nnz()`` (a bound of
+    ``nnz(K)``, ``None`` for a dense block) is small enough, else "cholesky" or "cg"."""
+    if diagonal_ok:
+        return "diagonal"
+    if sparse_ok and n >= SPARSE_MIN_N:
+        nnz = gram_nnz()
+        if nnz is not None and nnz <= min(SPARSE_MAX_DENSITY * n ** 2, SPARSE_MAX_NNZ):
+            return "sparse"
+    if dense_gram_cheap and n <= 2048:
+        return "cholesky"
+    return "cg"
+
+
 def choose_method(prob, requested: str, unrolled: bool = False) -> str:
     """The Newton-system solver; ``unrolled``: autograd runs through the Newton iterations
     (rules out ``"sparse"``, whose host solves are not differentiable)."""
     ops = [prob.A] + ([prob.A_eq] if prob.A_eq is not None else [])
     diagonal_ok = prob.A_eq is None and (prob.A.gram_is_diagonal or _one_per_row(prob.A))
     if requested == "auto":
-        if diagonal_ok:
-            return "diagonal"
-        if not unrolled and prob.device.type == "cpu" and prob.n >= SPARSE_MIN_N:
-            nnz = gram_nnz(prob)      # None: a dense block, K is dense
-            if nnz is not None and nnz <= min(SPARSE_MAX_DENSITY * prob.n ** 2, SPARSE_MAX_NNZ):
-                return "sparse"
-        if all(op.dense_gram_is_cheap for op in ops) and prob.n <= 2048:
-            return "cholesky"
-        return "cg"
+        return auto_method(prob.n, diagonal_ok=diagonal_ok,
+                           sparse_ok=not unrolled and prob.device.type == "cpu",
+                           gram_nnz=lambda: gram_nnz(prob),
+                           dense_gram_cheap=all(op.dense_gram_is_cheap for op in ops))
     if requested == "diagonal" and not diagonal_ok:
         raise LPInputError("linear_solver='diagonal' needs a diagonal-gram A (e.g. "
                            "DiagonalOperator) and no equality rows; use 'auto'.")

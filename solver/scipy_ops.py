@@ -10,12 +10,46 @@ torch products, never through these copies.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 import scipy.sparse as sp
 import torch
 
 from solver.operators import DenseOperator, DiagonalOperator, LinearOperator, SparseOperator
 from solver.stacked import HStackOperator, VStackOperator
+
+
+try:    # scipy's CSR kernels (pinned scipy): the product without the matrix object's dispatch
+    from scipy.sparse import _sparsetools
+except ImportError:      # pragma: no cover - another scipy: the matrix object's product
+    _sparsetools = None
+
+
+class HostCSR(NamedTuple):
+    """A CSR matrix as its arrays (``indptr``, ``indices``: one integer dtype; ``data``
+    float64), e.g. those of a ``torch.sparse_csr_tensor`` shared without a copy: what HiGHS
+    and the host certificate read (:mod:`solver.host_highs`), without a scipy matrix object
+    (whose construction checks cost more than the products on an ``n = 500`` LP)."""
+    indptr: np.ndarray
+    indices: np.ndarray
+    data: np.ndarray
+    shape: tuple
+
+    def tocsr(self) -> sp.csr_matrix:
+        return sp.csr_matrix((self.data, self.indices, self.indptr), shape=self.shape)
+
+
+def csr_matvec(X, x: np.ndarray) -> np.ndarray:
+    """``X @ x`` for a numpy array, a scipy CSR matrix or a :class:`HostCSR` ``X``; for the
+    latter two scipy's own CSR kernel, so both give the same bits."""
+    if isinstance(X, np.ndarray):
+        return X @ x
+    if _sparsetools is None:
+        return (X.tocsr() if isinstance(X, HostCSR) else X) @ x
+    y = np.zeros(X.shape[0], dtype=np.result_type(X.data, x))
+    _sparsetools.csr_matvec(X.shape[0], X.shape[1], X.indptr, X.indices, X.data, x, y)
+    return y
 
 
 def _np(t: torch.Tensor):
@@ -105,36 +139,44 @@ DENSE_ROWS_MAX_N = 2048
 
 def dense_rows(prob, name: str = "A") -> np.ndarray:
     """Indices of the rows of ``prob.<name>`` (``"A"`` or ``"A_eq"``) that the sparse Newton
-    solve takes as a low-rank update (empty when there are none, more than ``MAX_DENSE_ROWS``,
-    or ``n > DENSE_ROWS_MAX_N``); from the nonzero counts over the whole batch
-    (:func:`row_counts`), so that every LP of a batch and :func:`gram_nnz` leave out the same
-    rows."""
+    solve takes as a low-rank update (:func:`dense_row_index` of the nonzero counts over the
+    whole batch, :func:`row_counts`, so that every LP of a batch and :func:`gram_nnz` leave out
+    the same rows)."""
     op = getattr(prob, name)
     counts = None if op is None else row_counts(op)
-    if counts is None or prob.n > DENSE_ROWS_MAX_N:
+    if counts is None:
         return np.zeros(0, dtype=np.int64)
-    dense = (counts > max(DENSE_ROW_MIN_NNZ, prob.n // 10)).nonzero().flatten()
-    if dense.numel() > MAX_DENSE_ROWS:
+    return dense_row_index(counts.cpu().numpy(), prob.n)
+
+
+def dense_row_index(counts: np.ndarray, n: int) -> np.ndarray:
+    """The rows whose nonzero count ``counts [m]`` makes them "dense" (see ``DENSE_ROW_MIN_NNZ``);
+    empty when there are none, more than ``MAX_DENSE_ROWS``, or ``n > DENSE_ROWS_MAX_N``."""
+    if n > DENSE_ROWS_MAX_N:
         return np.zeros(0, dtype=np.int64)
-    return dense.cpu().numpy()
+    dense = np.flatnonzero(counts > max(DENSE_ROW_MIN_NNZ, n // 10))
+    return np.zeros(0, dtype=np.int64) if dense.size > MAX_DENSE_ROWS else dense
 
 
 def gram_nnz(prob) -> int | None:
-    """Upper bound of ``nnz(K)`` for the sparse Newton matrix ``K`` of ``prob`` (``n`` + the
-    ``sum_i nnz(row_i)^2`` of ``A`` and ``A_eq``, without their :func:`dense_rows`: those
-    enter as a low-rank update); ``None`` when ``A`` or
+    """Upper bound of ``nnz(K)`` for the sparse Newton matrix ``K`` of ``prob``
+    (:func:`gram_nnz_of` the row counts of ``A`` and ``A_eq``); ``None`` when ``A`` or
     ``A_eq`` has a dense block (``K`` is then dense too)."""
-    nnz = prob.n
-    for name in ("A", "A_eq"):
-        op = getattr(prob, name)
-        if op is None:
-            continue
-        counts = row_counts(op)
-        if counts is None:
-            return None
-        dense = dense_rows(prob, name)
+    counts = [row_counts(op) for op in (prob.A, prob.A_eq) if op is not None]
+    if any(k is None for k in counts):
+        return None
+    return gram_nnz_of(prob.n, [k.cpu().numpy() for k in counts])
+
+
+def gram_nnz_of(n: int, counts: list) -> int:
+    """``n`` + the ``sum_i nnz(row_i)^2`` of the rows counted in ``counts`` (one ``[m]`` array
+    of nonzeros per row for ``A``, then ``A_eq``), without their :func:`dense_row_index`: those
+    enter the sparse Newton matrix as a low-rank update."""
+    nnz = n
+    for k in counts:
+        dense = dense_row_index(k, n)
         if dense.size:
-            counts = counts.clone()
-            counts[torch.from_numpy(dense).to(counts.device)] = 0
-        nnz += int(counts.square().sum())
+            k = k.copy()
+            k[dense] = 0
+        nnz += int(np.square(k.astype(np.int64)).sum())
     return nnz

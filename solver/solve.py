@@ -39,7 +39,7 @@ from solver.presolve import presolve, restore, restore_masks
 from solver.scaling import ruiz_factors, scale_problem
 from solver.sketch import make_sketch
 from solver.solution import LPSolution
-from solver import diagnose, host_guess, square_active
+from solver import diagnose, host_guess, host_highs, square_active
 
 BACKWARDS = ("active_set", "unrolled")
 
@@ -346,6 +346,11 @@ def solve_lp(c, A, b, A_eq=None, b_eq=None, *, backward: str = "active_set",
         sol = host_guess.solve(c, A, b, A_eq, b_eq, opts, backward, t0)
         if sol is not None:
             return sol
+    # one sparse CPU LP for HiGHS: solved and certified on the host alone (or HiGHS's result
+    # for the general route's recovery, where its vertex does not certify there)
+    sol, solved = host_highs.solve(c, A, b, A_eq, b_eq, opts, backward, t0)
+    if sol is not None:
+        return sol
     deadline = None if opts.max_seconds is None else t0 + opts.max_seconds
     path = route(c, A, A_eq, opts, backward)
     highs = path == "highs"
@@ -365,7 +370,7 @@ def solve_lp(c, A, b, A_eq=None, b_eq=None, *, backward: str = "active_set",
     if highs:   # failures raise (or warn) inside, with the same typed errors
         check_call(prob, backward)
         work, sc, forward = prob, None, "highs"
-        run = highs_forward(prob, opts, method, deadline)
+        run = highs_forward(prob, opts, method, deadline, solved=solved)
     else:
         work, sc, run, forward = _newton_forward(prob, opts, method, backward, path, t0,
                                                  deadline)

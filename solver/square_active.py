@@ -28,7 +28,7 @@ gathered from the host copy of the data and factorised once per LP:
   would drop a direction, so both paths compute the same vertex, multipliers and backward;
 * ``kind="sparse"`` (``A`` / ``A_eq`` with no dense block, :func:`solver.scipy_ops.row_counts`):
   the active bounds eliminated first, SuperLU of the free columns of the active rows only
-  (:func:`_sparse_lu`), with the pivot rule of :mod:`solver.active_lu`, whose LU of the whole
+  (:func:`sparse_factor`), with the pivot rule of :mod:`solver.active_lu`, whose LU of the whole
   ``M`` the torch recovery uses on the same LPs: the same vertex, multipliers and gradients
   (``tests/test_solver_sparse_recovery.py``: to 1e-9 relative); nothing is densified.
 
@@ -43,15 +43,14 @@ from __future__ import annotations
 from typing import Callable, NamedTuple
 
 import numpy as np
-import scipy.sparse as sp
 import torch
 from scipy.linalg import lapack
 
-from solver.active_lu import active_rows, nonsingular_lu
+from solver.active_lu import lu_of_arrays, stacked_rows
 from solver.arrays import NUMPY
 from solver.linsolve import _CHOL_COND_MAX
 from solver.operators import DenseOperator, SparseOperator
-from solver.scipy_ops import host_matrix, row_counts
+from solver.scipy_ops import csr_matvec, host_matrix, row_counts
 
 # the host LU is O(n^3) like the dense normal equations it replaces; above this n a sparse or
 # iterative path is the better choice anyway
@@ -121,9 +120,10 @@ def _dense_lu(M):
             lambda r: lapack.dgetrs(lu, piv, r)[0])
 
 
-def _sparse_lu(prob, i, rows, bnds):
-    r"""``(solve_t, solve)`` of ``M = [S; -I_Z]``, ``S = [A_T; A_eq]``, by SuperLU, or ``None``
-    where ``M`` is (numerically) singular.
+def sparse_factor(A_i, E_i, rows, bnds):
+    r"""``(solve_t, solve)`` of ``M = [S; -I_Z]``, ``S = [A_T; A_eq]`` (``A_i``, ``E_i``: CSR
+    matrices, ``E_i`` ``None`` for no equality rows), by SuperLU, or ``None`` where ``M`` is
+    (numerically) singular.
 
     The bound rows are eliminated first: with ``F`` the columns not in ``Z``, ``M`` is square
     exactly when ``R = S[:, F]`` is, and nonsingular exactly when ``R`` is, so only ``R``
@@ -133,8 +133,8 @@ def _sparse_lu(prob, i, rows, bnds):
     On the issue-20 LP (n = 500, 307 active bounds) ``R`` has 487 nonzeros against ``M``'s
     1,274 and its LU is several times faster.  The pivot rule is :mod:`solver.active_lu`'s,
     applied to ``R``."""
-    n = prob.n
-    data, cols, lens = active_rows(prob, i, rows)
+    n = A_i.shape[1]
+    data, cols, lens = stacked_rows(A_i, E_i, rows)
     k = lens.size
     free = np.ones(n, dtype=bool)
     free[bnds] = False
@@ -144,10 +144,10 @@ def _sparse_lu(prob, i, rows, bnds):
     keep = free[cols]
     row_of = np.repeat(np.arange(k), lens)                  # the row of each nonzero of S
     counts = np.bincount(row_of[keep], minlength=k)
-    R_ptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
-    # the CSR arrays of R read as CSC: R^T, which is what splu factorises
-    Rt = sp.csc_matrix((data[keep], colmap[cols[keep]].astype(np.int32), R_ptr), shape=(k, k))
-    lu = nonsingular_lu(Rt)                            # factors R^T
+    R_ptr = np.concatenate([[0], np.cumsum(counts)])
+    # the CSR arrays of R read as CSC: R^T, which is what SuperLU factorises (each row of S
+    # has sorted, distinct columns, and colmap keeps their order)
+    lu = lu_of_arrays(data[keep], colmap[cols[keep]], R_ptr, k)     # factors R^T
     if lu is None:
         return None
     F = np.flatnonzero(free)
@@ -187,10 +187,10 @@ def _lp_data(prob, kind, i):
     return host_matrix(prob, "A", i, sparse=True), E
 
 
-def _factor(prob, kind, i, A_i, E_i, rows, bnds):
+def _factor(kind, A_i, E_i, rows, bnds):
     """``(solve_t, solve)`` of ``M = [A_T; A_eq; -I_Z]`` of LP ``i``, or ``None``."""
     if kind == "sparse":
-        return _sparse_lu(prob, i, rows, bnds)
+        return sparse_factor(A_i, E_i, rows, bnds)
     return dense_factor(A_i, E_i, rows, bnds)
 
 
@@ -220,7 +220,7 @@ def recover(prob, x: torch.Tensor, accept_tol: float, tight_rel: float):
     host = HostLP(_host(prob.c), _host(prob.b), _host(prob.b_eq) if prob.p else None,
                   _host(prob.h_scale), _host(prob.c_norm),
                   lambda i: _lp_data(prob, kind, i),
-                  lambda i, A_i, E_i, rows, bnds: _factor(prob, kind, i, A_i, E_i, rows, bnds))
+                  lambda i, A_i, E_i, rows, bnds: _factor(kind, A_i, E_i, rows, bnds))
     out = certify(host, _host(x), accept_tol, tight_rel)
     if out is None:
         return None
@@ -281,7 +281,7 @@ def certify(lp: HostLP, x: np.ndarray, accept_tol: float, tight_rel: float) -> C
     rE = np.empty((B, p)) if p else None
     for i in range(B):
         A_i, E_i = lp.data(i)
-        tA[i], tz[i] = tight_masks(A_i @ x[i] - b[i], x[i], lp.h_scale[i], tight_rel)
+        tA[i], tz[i] = tight_masks(csr_matvec(A_i, x[i]) - b[i], x[i], lp.h_scale[i], tight_rel)
         rows, bnds = np.flatnonzero(tA[i]), np.flatnonzero(tz[i])
         k = rows.size
         if k + p + bnds.size != n:
@@ -297,11 +297,11 @@ def certify(lp: HostLP, x: np.ndarray, accept_tol: float, tight_rel: float) -> C
             h[k:k + p] = b_eq[i]
         z[i] = lu[1](h)
         u[i, index[i]] = -lu[0](c[i])                      # u_T = -M^-T c
-        rA[i] = A_i @ z[i] - b[i]
+        rA[i] = csr_matvec(A_i, z[i]) - b[i]
         stat[i] = c[i] + _rmatvec(A_i, u[i, :m]) - u[i, m + p:]
         if p:
             stat[i] += _rmatvec(E_i, u[i, m:m + p])
-            rE[i] = E_i @ z[i] - b_eq[i]
+            rE[i] = csr_matvec(E_i, z[i]) - b_eq[i]
     uA, uE, uz = u[:, :m], (u[:, m:m + p] if p else None), u[:, m + p:]
     measures = kkt_terms(NUMPY, z, uA, uz, uE, rA, rE, stat, c, b, b_eq, lp.h_scale,
                          lp.c_norm)

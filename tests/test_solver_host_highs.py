@@ -1,0 +1,228 @@
+"""The host route for one sparse CPU LP with ``forward="highs"`` (:mod:`solver.host_highs`,
+issue 20 item 2) gives what the general route gives: every field of the
+:class:`solver.LPSolution`, its statistics (but the time) and per-LP statistics, and every
+gradient, bit for bit; it is taken where it should be (the general route's problem builder is
+never called), left where it should be, hands a vertex that does not certify to the general
+route without a second HiGHS solve, and raises the typed errors.  Oracles: HiGHS through
+``scipy.optimize.linprog`` for the value and vertex, ``gradcheck`` for the gradients, and
+scipy's own ``splu`` / ``@`` for the pieces that bypass scipy's matrix objects.
+"""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import torch
+from scipy.optimize import linprog
+from scipy.sparse.linalg import splu
+
+import solver.solve as solve_mod
+from solver import LPInputError, LPSolverError, highs, host_highs, solve_lp
+from solver.active_lu import _diagonal, lu_of_arrays, nonsingular_lu
+from solver.scipy_ops import HostCSR, csr_matvec
+from tests.test_solver_host_guess import _compare, _same, _spy_general
+from tests.test_solver_sparse_recovery import budget_lp, csr
+
+warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+f64 = torch.float64
+
+
+def _both(monkeypatch, make, calls=None):
+    """``make()`` on the host route and on the general route; ``calls`` gets the number of
+    general-route solves of the first."""
+    out, count = {}, _spy_general(monkeypatch)
+    for enabled in (True, False):
+        monkeypatch.setattr(host_highs, "ENABLED", enabled)
+        count.clear()
+        out[enabled] = make()
+        if enabled and calls is not None:
+            calls.append(len(count))
+    monkeypatch.setattr(host_highs, "ENABLED", True)
+    return out[True], out[False]
+
+
+def _with_equalities(seed, n, m0, density, p):
+    """:func:`budget_lp` with ``p`` sparse equality rows through its planted point."""
+    c, A, b = budget_lp(seed, n=n, m0=m0, density=density)
+    if not p:
+        return c, A, b, None, None
+    g = np.random.default_rng(1000 + seed)
+    E = sp.random(p, n, density=max(density, 3 / n), random_state=g,
+                  data_rvs=g.standard_normal, format="csr")
+    res = linprog(np.zeros(n), A_ub=A, b_ub=b, bounds=(0, None), method="highs")
+    return c, A, b, E, E @ res.x          # feasible: HiGHS's point of the inequalities
+
+
+def _lp_case(seed):
+    n = (20, 40, 90, 300)[seed % 4]
+    return _with_equalities(seed, n, n, min(0.15, 6 / n), seed % 3)
+
+
+@pytest.mark.parametrize("forward", ["highs", "auto"])
+@pytest.mark.parametrize("seed", range(16))
+def test_equals_the_general_route(monkeypatch, seed, forward):
+    c, A, b, E, be = _lp_case(seed)
+    if forward == "auto" and len(c) < 256:
+        forward = "highs"                      # (auto runs Newton on a small LP)
+
+    def make():
+        ct, bt = torch.tensor(c, requires_grad=True), torch.tensor(b, requires_grad=True)
+        bet = None if E is None else torch.tensor(be, requires_grad=True)
+        sol = solve_lp(ct, csr(A), bt, None if E is None else csr(E), bet, forward=forward)
+        w = torch.randn(len(c), generator=torch.Generator().manual_seed(seed), dtype=f64)
+        (sol.value + (w * sol.z).sum() + sol.dual.sum() + (
+            0 if E is None else sol.dual_eq.sum())).backward()
+        return sol, [t.grad for t in (ct, bt, bet) if t is not None]
+    calls = []
+    host, general = _both(monkeypatch, make, calls)
+    # the host route certifies exactly the vertices the general route's host certificate
+    # does (seed 4's does not: both hand it to the torch recovery)
+    certified = general[0].stats["active_factor"] == "sparse_lu"
+    assert calls == [0 if certified else 1]
+    assert certified or seed == 4
+    assert host[0].stats["forward"] == "highs"
+    _compare(host, general)
+    res = linprog(c, A_ub=A, b_ub=b, A_eq=E, b_eq=be, bounds=(0, None), method="highs")
+    assert abs(float(host[0].value) - res.fun) <= 1e-9 * (1 + abs(res.fun))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_gradcheck_through_the_host_route(monkeypatch, seed):
+    c, A, b, E, be = _with_equalities(seed, 20, 20, 0.15, 1)
+    calls = _spy_general(monkeypatch)
+
+    def f(cc, bb, bbe):
+        sol = solve_lp(cc, csr(A), bb, csr(E), bbe, forward="highs", tol=1e-10)
+        return sol.z, sol.value
+    args = [torch.tensor(a, requires_grad=True) for a in (c, b, be)]
+    assert torch.autograd.gradcheck(f, args, atol=1e-6, rtol=1e-5)
+    assert not calls, "gradcheck ran the general route"
+
+
+def test_a_degenerate_vertex_goes_to_the_general_route_with_highs_result(monkeypatch):
+    c, A, b = budget_lp(2)
+    res = linprog(c, A_ub=A, b_ub=b, bounds=(0, None), method="highs")
+    tight = int(np.flatnonzero(b - A @ res.x < 1e-9)[0])   # a duplicated active row: n + 1
+    A2, b2 = sp.vstack([A, A[tight]], format="csr"), np.append(b, b[tight])
+    solves, real = [], highs._highs_direct
+
+    def counted(*args):
+        solves.append(1)
+        return real(*args)
+    monkeypatch.setattr(highs, "_highs_direct", counted)
+
+    def make():
+        bt = torch.tensor(b2, requires_grad=True)
+        sol = solve_lp(torch.tensor(c), csr(A2), bt, forward="highs")
+        sol.z.sum().backward()
+        return sol, [bt.grad]
+    calls = []
+    host, general = _both(monkeypatch, make, calls)
+    assert calls == [1] and len(solves) == 2, "HiGHS ran twice on the host route's call"
+    assert host[0].stats["active_factor"] not in ("sparse_lu", "active_lu")
+    _compare(host, general)
+
+
+def _calls_general(monkeypatch, *args, **kwargs):
+    count = _spy_general(monkeypatch)
+    solve_lp(*args, **kwargs)
+    return len(count)
+
+
+def test_what_stays_with_the_general_route(monkeypatch):
+    c, A, b = budget_lp(4)
+    ct, bt, At = torch.tensor(c), torch.tensor(b), csr(A)
+    assert _calls_general(monkeypatch, ct, At, bt, forward="highs") == 0
+    for args, kw in [
+        ((ct, At.to_sparse_coo(), bt), {}),                      # COO
+        ((ct, At.to_dense(), bt), {}),                           # dense
+        ((ct.float(), csr(A, torch.float32), bt.float()), {}),   # float32
+        ((ct.expand(2, -1), At, bt), {}),                        # a batch
+        ((ct, csr(A).requires_grad_(True), bt), {}),             # grad w.r.t. A's values
+        ((ct, At, bt), {"linear_solver": "cholesky"}),
+        ((ct, At, bt), {"compute_dtype": torch.float32}),
+    ]:
+        assert _calls_general(monkeypatch, *args, forward="highs", **kw) == 1, (args, kw)
+    # forward="auto": n = 40 < 256 runs Newton; so does a separable A (one nonzero per row)
+    assert _calls_general(monkeypatch, ct, At, bt) == 1
+    n = 300
+    eye = csr(-sp.identity(n, format="csr"))
+    assert _calls_general(monkeypatch, torch.ones(n, dtype=f64), eye,      # (built twice: the
+                          torch.full((n,), 0.5, dtype=f64)) >= 1              # route back to Newton)
+
+
+def test_unsorted_columns_take_the_general_route(monkeypatch):
+    A = torch.sparse_csr_tensor(torch.tensor([0, 2, 4]), torch.tensor([1, 0, 0, 1]),
+                                torch.tensor([1.0, 2.0, 1.0, 1.0], dtype=f64), (2, 2))
+    c, b = torch.tensor([-1.0, -1.0], dtype=f64), torch.tensor([4.0, 3.0], dtype=f64)
+    assert host_highs._csr(A, 2) is None
+    assert _calls_general(monkeypatch, c, A, b, forward="highs") == 1
+    sol = solve_lp(c, A, b, forward="highs")
+    res = linprog(c.numpy(), A_ub=A.to_dense().numpy(), b_ub=b.numpy(), method="highs")
+    assert abs(float(sol.value) - res.fun) <= 1e-9
+
+
+def test_bad_input_gets_the_general_routes_errors():
+    c, A, b = budget_lp(1)
+    bad = torch.tensor(b)
+    bad[3] = float("nan")
+    with pytest.raises(LPInputError, match="b"):
+        solve_lp(torch.tensor(c), csr(A), bad, forward="highs")
+    with pytest.raises(LPInputError):
+        solve_lp(torch.tensor(c), csr(A), torch.tensor(b[:-1]), forward="highs")
+
+
+def test_infeasible_and_unbounded_raise_typed_errors(monkeypatch):
+    A = csr(sp.csr_matrix(np.array([[1.0, 1.0], [-1.0, -1.0]])))
+    c = torch.tensor([1.0, 1.0], dtype=f64)
+    calls = _spy_general(monkeypatch)
+    with pytest.raises(LPSolverError) as err:           # z1 + z2 <= 1 and >= 2
+        solve_lp(c, A, torch.tensor([1.0, -2.0], dtype=f64), forward="highs")
+    assert err.value.kind == "infeasible" and err.value.instances == [0]
+    A = csr(sp.csr_matrix(np.array([[1.0, -1.0]])))
+    with pytest.raises(LPSolverError) as err:           # min -z1 with z1 - z2 <= 1
+        solve_lp(torch.tensor([-1.0, 0.0], dtype=f64), A, torch.tensor([1.0], dtype=f64),
+                 forward="highs")
+    assert err.value.kind == "unbounded"
+    assert not calls, "the errors came from the general route"
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_superlu_pivots_and_solves_equal_splu(seed):
+    g = np.random.default_rng(seed)
+    n = int(g.integers(2, 60))
+    M = (sp.random(n, n, density=0.1, random_state=g) + sp.diags(g.uniform(0.5, 2, n))).tocsc()
+    lu = lu_of_arrays(M.data, M.indices, M.indptr, n)
+    ref = splu(M)
+    r = g.standard_normal(n)
+    assert np.array_equal(lu.solve(r), ref.solve(r))
+    assert np.array_equal(lu.solve(r, trans="T"), ref.solve(r, trans="T"))
+    U = ref.U.tocsc()
+    assert np.array_equal(_diagonal(U.data, U.indices, U.indptr, n), np.abs(U.diagonal()))
+    assert nonsingular_lu(M.copy()) is not None
+
+
+def test_singular_matrices_are_refused():
+    exact = sp.csc_matrix(np.array([[1.0, 2.0], [2.0, 4.0]]))
+    near = sp.csc_matrix(np.array([[1.0, 1.0], [1.0, 1.0 + 1e-13]]))
+    for M in (exact, near):
+        assert lu_of_arrays(M.data, M.indices, M.indptr, 2) is None
+        assert nonsingular_lu(M.copy()) is None
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_csr_matvec_is_scipys_product(seed):
+    g = np.random.default_rng(seed)
+    A = sp.random(40, 30, density=0.2, random_state=g, format="csr")
+    x = g.standard_normal(30)
+    T = torch.sparse_csr_tensor(torch.tensor(A.indptr, dtype=torch.long),
+                                torch.tensor(A.indices, dtype=torch.long),
+                                torch.tensor(A.data), A.shape)
+    host = HostCSR(*(t.numpy() for t in (T.crow_indices(), T.col_indices(), T.values())),
+                   A.shape)
+    assert host.indices.dtype == np.int64 and A.indices.dtype == np.int32
+    for X in (A, host):
+        _same(torch.from_numpy(csr_matvec(X, x)), torch.from_numpy(A @ x))
+    assert np.allclose(csr_matvec(A.toarray(), x), A @ x, rtol=1e-14, atol=1e-14)
