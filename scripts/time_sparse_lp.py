@@ -6,6 +6,9 @@
 * ``sparse``: a random sparse LP, ``n = 500``, ``m = 1,001`` (501 random rows of density 5e-3
   plus the box ``z <= 3``), ``c`` normal, feasible by construction (``box_lp`` of the tests).
 
+* ``family500``, ``family2000``, ``family5000``: the random sparse LPs with equality rows of
+  ``results/solver/solver_bench.md`` (``bench_solver_measure.random_sparse_lp``).
+
 * ``ones``: the ``sparse`` LP with its last random row replaced by a ones-row (budget
   ``1^T z <= s``; issue 20's instance, ``m = 1,001``): ``A^T W A`` is dense, so the active-set
   recovery factorises the active rows by a sparse LU (``solver/active_lu.py`` for Newton;
@@ -24,6 +27,7 @@ Each row times fwd+bwd (``(z * w).sum().backward()``; the forward alone with
         [--highs-core]   # also vs HiGHS through scipy's bindings, without linprog's wrapper
         [--general-route]  # and forward='highs' without solver.host_highs, vs the same core
         [--forward-only]  # every row times the forward alone (no backward)
+        [--fresh-inputs]  # c and A built as tensors inside each timed call (the old protocol)
 """
 from __future__ import annotations
 
@@ -40,7 +44,12 @@ import torch
 from scipy.optimize import linprog
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from solver import active_lu, highs, host_highs, solve_lp, square_active  # noqa: E402
+from solver import active_lu, highs, solve_lp, square_active  # noqa: E402
+
+try:        # (absent before 2026-11-27: this script also times older checkouts, copied there)
+    from solver import host_highs  # noqa: E402
+except ImportError:
+    host_highs = None
 
 LU_MIN_N = active_lu.ACTIVE_LU_MIN_N
 HOST_ELIGIBLE = square_active.eligible
@@ -67,6 +76,13 @@ def random_sparse_lp(n=500, m0=501, density=5e-3, seed=0, ones_row=False):
     b0 = A0 @ z0 + g.uniform(0, 1, m0)
     A = sp.vstack([A0, sp.identity(n)], format="csr")
     return g.standard_normal(n), A, np.concatenate([b0, np.full(n, 3.0)])
+
+
+def bench_family(n):
+    """``scripts/bench_solver_measure.random_sparse_lp(n)``: the random sparse LPs with
+    equality rows of ``results/solver/solver_bench.md`` (issue 11)."""
+    from bench_solver_measure import random_sparse_lp as family
+    return family(n)
 
 
 def torch_csr(A):
@@ -98,10 +114,18 @@ def timed_pair(base, fn, repeats):
     return statistics.median(tb), statistics.median(tf), out
 
 
-def ours(c, A, b, w, backward=True, **kw):
+def ours(c, A, b, w, backward=True, fresh=False, E=None, b_eq=None, **kw):
+    """One fwd(+bwd) call; ``c``, ``A`` (and ``E``, ``b_eq``) are built once as tensors (a
+    training loop's LP matrix is), ``b`` per call (the data that require grad); ``fresh``:
+    ``c`` and ``A`` per call too (the protocol before 2026-11-27 10:00 UTC, which timed
+    ~0.15 ms of tensor building)."""
+    ct, At = torch.tensor(c), torch_csr(A)
+    eq = (None, None) if E is None else (torch_csr(E), torch.tensor(b_eq))
+
     def run():
         bt = torch.tensor(b, requires_grad=True)
-        sol = solve_lp(torch.tensor(c), torch_csr(A), bt, **kw)
+        sol = solve_lp(*((torch.tensor(c), torch_csr(A)) if fresh else (ct, At)), bt, *eq,
+                       **kw)
         if backward:
             (sol.z * w).sum().backward()
         return sol
@@ -145,6 +169,9 @@ def main():
     ap.add_argument("--general-route", action="store_true",
                     help="with --highs-forward --highs-core: also time forward='highs' through "
                          "the general route (solver.host_highs switched off), against the core")
+    ap.add_argument("--fresh-inputs", action="store_true",
+                    help="build c and A as tensors inside every timed call too (the protocol "
+                         "before 2026-11-27 10:00 UTC; by default they are built once)")
     ap.add_argument("--forward-only", action="store_true",
                     help="time solve_lp's forward alone (the default times fwd+bwd)")
     ap.add_argument("--cvxpylayers", action="store_true",
@@ -153,12 +180,17 @@ def main():
     torch.set_num_threads(1)
     cases = {"auc": auc_lp, "sparse": random_sparse_lp,
              "ones": lambda: random_sparse_lp(ones_row=True)}
+    for size in (500, 2000, 5000):     # results/solver's random sparse family (with equalities)
+        cases[f"family{size}"] = lambda size=size: bench_family(size)
     print(f"{'case':8} {'variant':24} {'ms':>9} {'/HiGHS':>8} {'Newton':>7} {'solver':>9}  "
           f"objective error")
     for name in args.cases.split(","):
-        c, A, b = cases[name]()
-        th, res = timed(lambda: linprog(c, A_ub=A, b_ub=b, bounds=(0, None), method="highs"),
-                        args.repeats)
+        c, A, b, *eq = cases[name]()
+        E, be = eq if eq else (None, None)
+
+        def lp():
+            return linprog(c, A_ub=A, b_ub=b, A_eq=E, b_eq=be, bounds=(0, None), method="highs")
+        th, res = timed(lp, args.repeats)
         print(f"{name:8} {'HiGHS forward':24} {1e3 * th:9.1f} {1.0:8.2f}")
         w = torch.tensor(np.random.default_rng(1).standard_normal(len(c)))
         # forward="newton" explicitly: the default "auto" hands large general LPs to HiGHS
@@ -181,12 +213,13 @@ def main():
             active_lu.ACTIVE_LU_MIN_N = 10 ** 9 if no_lu else LU_MIN_N
             square_active.eligible = (lambda prob: None) if no_lu else HOST_ELIGIBLE
             # "general route": the torch glue around HiGHS (solver.host_highs off), as before
-            host_highs.ENABLED = not (no_lu or label.startswith("general route"))
+            if host_highs is not None:
+                host_highs.ENABLED = not (no_lu or label.startswith("general route"))
             # HiGHS alone is timed again, interleaved with this variant: ratio under one load
-            base = (lambda: highs._highs_direct(c, A, b, None, None, None)) \
-                if label.endswith("/ core") else \
-                (lambda: linprog(c, A_ub=A, b_ub=b, bounds=(0, None), method="highs"))
-            th_pair, t, sol = timed_pair(base, ours(c, A, b, w, not args.forward_only, **kw),
+            base = (lambda: highs._highs_direct(c, A, b, E, be, None)) \
+                if label.endswith("/ core") else lp
+            th_pair, t, sol = timed_pair(base, ours(c, A, b, w, not args.forward_only,
+                                                    args.fresh_inputs, E=E, b_eq=be, **kw),
                                          args.repeats)
             err = abs(float(sol.value.detach()) - res.fun) / (1 + abs(res.fun))
             print(f"{name:8} {label:24} {1e3 * t:9.1f} {t / th_pair:8.2f} "

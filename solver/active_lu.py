@@ -95,7 +95,11 @@ def _arrays(arrays, shape):
 
 def _diagonal(data, indices, indptr, n):
     """``|diag|`` of the CSC matrix with these arrays (SuperLU's may be longer than the
-    ``indptr[-1]`` entries they hold)."""
+    ``indptr[-1]`` entries they hold).  SuperLU writes each column of ``U`` with its diagonal
+    entry last: checked, and the general search where it is not so."""
+    last = indptr[1:] - 1
+    if np.array_equal(indices[last], np.arange(n)):
+        return np.abs(data[last])
     col = np.repeat(np.arange(n), np.diff(indptr))
     nnz = col.size
     data, indices = data[:nnz], indices[:nnz]

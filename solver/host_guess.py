@@ -106,13 +106,11 @@ def certified_solution(c, data, ops, out, kind: str, *, iterations: int, method:
     linear solver ``method``.  Shared by this module and :mod:`solver.host_highs`."""
     t = torch.from_numpy
     A, b, A_eq, b_eq = data
-    (_, n), m, p = out.z.shape, out.tA.shape[1], 0 if out.uE is None else out.uE.shape[1]
+    m, p = out.tA.shape[1], 0 if out.uE is None else out.uE.shape[1]
     system = out.system(kind)
-    z = t(out.z)
-    data = (A, b.unsqueeze(0), A_eq, None if b_eq is None else b_eq.unsqueeze(0))
+    z = t(out.z[0])
     if torch.is_grad_enabled() and any(d is not None and d.requires_grad for d in data):
         z = _SquareVertex.apply(z, system, m, p, ops(), *data)
-    z = z.reshape(n)
     primal_inf, dual_res, gap, _ = (float(v[0]) for v in out.measures)
     kkt, active = float(out.kkt[0]), float(out.tA.sum() + out.tz.sum())
     stats = {"iterations": iterations, "converged": True, "kkt_residual": kkt,

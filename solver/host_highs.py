@@ -34,6 +34,7 @@ import math
 
 import numpy as np
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
 from solver.auto import route
 from solver.highs import _fail, solve_host
@@ -47,6 +48,11 @@ from solver.square_active import HostLP, _host, certify, sparse_factor
 ENABLED = True
 f64 = torch.float64
 TIGHT_REL = torch.finfo(f64).eps ** 0.5     # solver.highs: the tight-set threshold
+# per constraint tensor (held weakly, by identity: nothing is added to the tensor, which stays
+# picklable with torch.load's weights_only): its host arrays and row counts, and the solver
+# choice; the arrays are views of the tensor's index and value tensors, not of the tensor
+_CSR_MEMO: WeakIdKeyDictionary = WeakIdKeyDictionary()
+_METHOD_MEMO: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
 
 def _vector(t, size=None) -> bool:
@@ -54,14 +60,23 @@ def _vector(t, size=None) -> bool:
             and t.device.type == "cpu" and t.dim() == 1 and (size is None or t.shape[0] == size))
 
 
-def _csr(M, n) -> HostCSR | None:
-    """The arrays of a 2-D float64 CPU ``torch.sparse_csr_tensor`` ``M`` with ``n`` columns,
-    sorted and distinct columns in every row and no grad (shared, not copied); else ``None``."""
+def _csr(M, n) -> tuple[HostCSR, np.ndarray, tuple] | None:
+    """``(arrays, nonzeros per row, key)`` of a 2-D float64 CPU ``torch.sparse_csr_tensor``
+    ``M`` with ``n`` columns, sorted and distinct columns in every row and no grad (its arrays
+    shared, not copied); else ``None``.  Kept for the next call with the same tensor (a
+    constraint matrix is usually built once; :data:`_CSR_MEMO`), under a key of its index and
+    value arrays' addresses and versions: an in-place change of the pattern is noticed."""
     if not (isinstance(M, torch.Tensor) and M.layout == torch.sparse_csr and M.dtype == f64
             and M.device.type == "cpu" and M.dim() == 2 and M.shape[1] == n
             and not M.requires_grad):
         return None
-    ptr, idx, val = (t.numpy() for t in (M.crow_indices(), M.col_indices(), M.values()))
+    parts = M.crow_indices(), M.col_indices(), M.values()
+    key = tuple((t.data_ptr(), t._version) for t in parts) + (tuple(M.shape),)
+    memo = _CSR_MEMO.get(M)
+    if memo is not None and memo[0] == key:
+        return memo[1]
+    ptr, idx, val = (t.numpy() for t in parts)
+    out = HostCSR(ptr, idx, val, tuple(M.shape)), np.diff(ptr), key
     if idx.size:
         # within each row the columns increase: the layout of the general route's coalesced
         # operator, so both routes hand HiGHS and the certificate the same arrays
@@ -70,8 +85,23 @@ def _csr(M, n) -> HostCSR | None:
         starts = ptr[1:-1]
         first[starts[(starts > 0) & (starts < idx.size)] - 1] = True
         if not bool(((step > 0) | first).all()):
-            return None
-    return HostCSR(ptr, idx, val, tuple(M.shape))
+            out = None
+    _CSR_MEMO[M] = key, out
+    return out
+
+
+def _method(A, n, counts, keys) -> str:
+    """``linear_solver="auto"``'s choice for these row counts (:func:`solver.linsolve.auto_method`
+    as :func:`solver.linsolve.choose_method` applies it to a sparse LP), kept on ``A`` per
+    pattern of ``A`` and ``A_eq`` (``keys``)."""
+    memo = _METHOD_MEMO.get(A)
+    if memo is not None and memo[0] == keys:
+        return memo[1]
+    method = auto_method(n, diagonal_ok=len(counts) == 1 and int(counts[0].max()) <= 1,
+                         sparse_ok=True, gram_nnz=lambda: gram_nnz_of(n, counts),
+                         dense_gram_cheap=True)
+    _METHOD_MEMO[A] = keys, method
+    return method
 
 
 def solve(c, A, b, A_eq, b_eq, opts, backward: str, t0: float
@@ -86,13 +116,15 @@ def solve(c, A, b, A_eq, b_eq, opts, backward: str, t0: float
     n = c.shape[0]
     if not _vector(b) or b.shape[0] == 0:
         return None, None
-    Ah, Eh = _csr(A, n), None if A_eq is None else _csr(A_eq, n)
-    if Ah is None or Ah.shape[0] != b.shape[0] or (A_eq is not None and (
-            Eh is None or not _vector(b_eq, Eh.shape[0]))):
+    pa, pe = _csr(A, n), None if A_eq is None else _csr(A_eq, n)
+    if pa is None or pa[0].shape[0] != b.shape[0] or (A_eq is not None and (
+            pe is None or not _vector(b_eq, pe[0].shape[0]))):
         return None, None
-    counts = [np.diff(X.indptr) for X in (Ah, Eh) if X is not None]
-    diagonal_ok = Eh is None and int(counts[0].max()) <= 1
-    if opts.forward == "auto" and (diagonal_ok or route(c, A, A_eq, opts, backward) != "highs"):
+    (Ah, ca, ka), (Eh, ce, ke) = pa, (None, None, None) if pe is None else pe
+    counts = [ca] if Eh is None else [ca, ce]
+    method = _method(A, n, counts, (ka, ke))
+    if opts.forward == "auto" and (method == "diagonal" or
+                                   route(c, A, A_eq, opts, backward) != "highs"):
         return None, None                    # Newton's LPs
     ch, bh = _host(c), _host(b)
     beh = None if Eh is None else _host(b_eq)
@@ -111,8 +143,6 @@ def solve(c, A, b, A_eq, b_eq, opts, backward: str, t0: float
     out = certify(lp, res.x[None], 1e-8 if opts.tol is None else opts.tol, TIGHT_REL)
     if out is None:
         return None, {0: res}
-    method = auto_method(n, diagonal_ok=diagonal_ok, sparse_ok=True,
-                         gram_nnz=lambda: gram_nnz_of(n, counts), dense_gram_cheap=True)
     sol = certified_solution(c, (None, b, None, b_eq), lambda: (None, None), out, "sparse",
                              iterations=res.nit, method=method, forward="highs",
                              penalty_z=torch.from_numpy(res.x), t0=t0)

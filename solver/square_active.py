@@ -40,6 +40,7 @@ closed form, :func:`solver.solve.run_from_guess`) and for HiGHS's vertex (:mod:`
 """
 from __future__ import annotations
 
+import functools
 from typing import Callable, NamedTuple
 
 import numpy as np
@@ -50,7 +51,7 @@ from solver.active_lu import lu_of_arrays, stacked_rows
 from solver.arrays import NUMPY
 from solver.linsolve import _CHOL_COND_MAX
 from solver.operators import DenseOperator, SparseOperator
-from solver.scipy_ops import csr_matvec, host_matrix, row_counts
+from solver.scipy_ops import HostCSR, csr_matvec, host_matrix, row_counts
 
 # the host LU is O(n^3) like the dense normal equations it replaces; above this n a sparse or
 # iterative path is the better choice anyway
@@ -90,11 +91,20 @@ class SquareActiveLU:
     cg_iterations, cg_tol, cg_max_iter = 0, 0.0, 0
     _lu = False
 
-    def __init__(self, wA, wz, solvers, index, kind):
-        # solvers: (solve_t, solve) of each M; index [B, n]: the row of G = [A; A_eq; -I]
-        # behind each row of M
-        self.wA, self.wz, self.solvers, self.index = wA, wz, solvers, index
+    def __init__(self, tA, tz, solvers, index, kind):
+        # tA, tz: the host's boolean active masks; solvers: (solve_t, solve) of each M;
+        # index [B, n] (numpy): the row of G = [A; A_eq; -I] behind each row of M
+        self._tA, self._tz, self.solvers, self.index = tA, tz, solvers, index
         self.factor_kind = "dense_lu" if kind == "dense" else "sparse_lu"
+
+    @functools.cached_property
+    def wA(self) -> torch.Tensor:
+        """The 0/1 active rows as float64 (built on first use: the host routes never read it)."""
+        return torch.from_numpy(self._tA.astype(np.float64))
+
+    @functools.cached_property
+    def wz(self) -> torch.Tensor:
+        return torch.from_numpy(self._tz.astype(np.float64))
 
     def solve_t(self, r: np.ndarray) -> np.ndarray:
         """``M^{-T} r`` for a host ``r [B, n]``."""
@@ -262,11 +272,8 @@ class Certified(NamedTuple):
     index: np.ndarray
 
     def system(self, kind: str) -> "SquareActiveLU":
-        """The backward's :class:`SquareActiveLU` (``kind``: "dense" or "sparse"), with the 0/1
-        active masks as float64 tensors."""
-        t = torch.from_numpy
-        wA, wz = t(self.tA.astype(np.float64)), t(self.tz.astype(np.float64))
-        return SquareActiveLU(wA, wz, self.solvers, t(self.index), kind)
+        """The backward's :class:`SquareActiveLU` (``kind``: "dense" or "sparse")."""
+        return SquareActiveLU(self.tA, self.tz, self.solvers, self.index, kind)
 
 
 def certify(lp: HostLP, x: np.ndarray, accept_tol: float, tight_rel: float) -> Certified | None:
@@ -283,18 +290,28 @@ def certify(lp: HostLP, x: np.ndarray, accept_tol: float, tight_rel: float) -> C
         A_i, E_i = lp.data(i)
         tA[i], tz[i] = tight_masks(csr_matvec(A_i, x[i]) - b[i], x[i], lp.h_scale[i], tight_rel)
         rows, bnds = np.flatnonzero(tA[i]), np.flatnonzero(tz[i])
-        k = rows.size
-        if k + p + bnds.size != n:
-            return None
-        lu = lp.factor(i, A_i, E_i, rows, bnds)
+        eq, E_T = slice(None), E_i
+        if rows.size + p + bnds.size != n:
+            # rows with no nonzero (0 <= b_i, 0 = b_eq_i) constrain nothing: where they make
+            # the count, they stay out of M with multiplier 0 (the least-norm one; the torch
+            # path's pseudo-inverse ignores a zero row alike) and a zero gradient
+            rows = rows[~_zero_rows(A_i, rows)]
+            if p:
+                eq = np.flatnonzero(~_zero_rows(E_i, np.arange(p)))
+                E_T = _take_rows(E_i, eq) if eq.size else None
+            if rows.size + (p if E_T is E_i else eq.size) + bnds.size != n:
+                return None
+        k, pe = rows.size, 0 if E_T is None else E_T.shape[0]
+        lu = lp.factor(i, A_i, E_T, rows, bnds)
         if lu is None:
             return None
         solvers.append(lu)
-        index[i, :k], index[i, k:k + p], index[i, k + p:] = rows, m + np.arange(p), m + p + bnds
+        index[i, :k], index[i, k + pe:] = rows, m + p + bnds
+        index[i, k:k + pe] = m + np.arange(p)[eq]
         h = np.zeros(n)
         h[:k] = b[i, rows]
-        if p:
-            h[k:k + p] = b_eq[i]
+        if pe:
+            h[k:k + pe] = b_eq[i, eq]
         z[i] = lu[1](h)
         u[i, index[i]] = -lu[0](c[i])                      # u_T = -M^-T c
         rA[i] = csr_matvec(A_i, z[i]) - b[i]
@@ -311,6 +328,25 @@ def certify(lp: HostLP, x: np.ndarray, accept_tol: float, tight_rel: float) -> C
     return Certified(z, uA, uz, uE, tA, tz, measures, kkt, solvers, index)
 
 
+def _zero_rows(X, sel):
+    """Which of the rows ``sel`` of ``X`` (numpy array, scipy CSR or :class:`HostCSR`) have no
+    nonzero value."""
+    if isinstance(X, np.ndarray):
+        return ~(X[sel] != 0).any(1)
+    count = np.diff(X.indptr)
+    nonzero = np.zeros(X.shape[0], dtype=bool)
+    nonzero[np.repeat(np.arange(X.shape[0]), count)[X.data[:X.indptr[-1]] != 0]] = True
+    return ~nonzero[sel]
+
+
+def _take_rows(X, sel):
+    """The rows ``sel`` of ``X``: a numpy array or a :class:`HostCSR`."""
+    if isinstance(X, np.ndarray):
+        return X[sel]
+    data, cols, lens = stacked_rows(X, None, sel)
+    return HostCSR(np.concatenate([[0], np.cumsum(lens)]), cols, data, (sel.size, X.shape[1]))
+
+
 class _SquareVertex(torch.autograd.Function):
     r"""``z* = M^{-1} h_T`` as a function of ``A, b, A_eq, b_eq`` (its value is given).
 
@@ -325,16 +361,20 @@ class _SquareVertex(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, z, system, m, p, ops, A, b, E, b_eq):
-        ctx.system, ctx.m, ctx.p, ctx.z, ctx.ops = system, m, p, _host(z), ops
+        # z [B, n], b [B, m]; or, for one LP (the host routes), z [n] and b [m] (b_eq alike)
+        ctx.system, ctx.m, ctx.p, ctx.ops = system, m, p, ops
+        ctx.z = _host(z).reshape(-1, z.shape[-1])
+        ctx.one = tuple(h is not None and h.dim() == 1 for h in (b, b_eq))
         return z.clone()
 
     @staticmethod
     def backward(ctx, g):
         # on the host, like the forward: a handful of numpy ops on [n]-vectors
         system, m, p, z = ctx.system, ctx.m, ctx.p, ctx.z
-        lam = system.solve_t(_host(g if g.dtype == torch.float64 else g.double()))
+        gh = _host(g if g.dtype == torch.float64 else g.double())
+        lam = system.solve_t(gh.reshape(-1, gh.shape[-1]))
         lamG = np.zeros((lam.shape[0], m + p + lam.shape[1]))
-        lamG[np.arange(lam.shape[0])[:, None], system.index.numpy()] = lam
+        lamG[np.arange(lam.shape[0])[:, None], system.index] = lam
         grads = [None] * 4
         for j, (lo, hi) in enumerate(((0, m), (m, m + p))):
             need_M, need_h = ctx.needs_input_grad[5 + 2 * j], ctx.needs_input_grad[6 + 2 * j]
@@ -342,6 +382,7 @@ class _SquareVertex(torch.autograd.Function):
             if need_M:
                 grads[2 * j] = _to(torch.from_numpy(_matrix_grad(ctx.ops[j], lam_j, z)), g.dtype)
             if need_h:
+                lam_j = lam_j[0] if ctx.one[j] else lam_j
                 grads[2 * j + 1] = _to(torch.from_numpy(np.ascontiguousarray(lam_j)), g.dtype)
         return (None, None, None, None, None, *grads)
 

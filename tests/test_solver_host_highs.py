@@ -204,6 +204,16 @@ def test_superlu_pivots_and_solves_equal_splu(seed):
     assert nonsingular_lu(M.copy()) is not None
 
 
+def test_diagonal_of_any_csc_layout():
+    g = np.random.default_rng(0)
+    R = sp.random(30, 30, density=0.2, random_state=g, format="csc")
+    M = sp.csc_matrix(R - sp.diags(R.diagonal()) + sp.diags(np.arange(1, 31.0)))
+    M.sum_duplicates()          # sorted row indices: the diagonal is not last in most columns
+    pad = (np.append(M.data, [7.0, 7.0]), np.append(M.indices, [0, 0]))  # SuperLU-like spare room
+    for data, indices in ((M.data, M.indices), pad):
+        assert np.array_equal(_diagonal(data, indices, M.indptr, 30), np.arange(1, 31.0))
+
+
 def test_singular_matrices_are_refused():
     exact = sp.csc_matrix(np.array([[1.0, 2.0], [2.0, 4.0]]))
     near = sp.csc_matrix(np.array([[1.0, 1.0], [1.0, 1.0 + 1e-13]]))
@@ -226,3 +236,78 @@ def test_csr_matvec_is_scipys_product(seed):
     for X in (A, host):
         _same(torch.from_numpy(csr_matvec(X, x)), torch.from_numpy(A @ x))
     assert np.allclose(csr_matvec(A.toarray(), x), A @ x, rtol=1e-14, atol=1e-14)
+
+
+def test_the_matrix_memo_is_held_weakly_and_notices_changes(monkeypatch):
+    import gc
+    import io
+    c, A, b = budget_lp(6)
+    At, ct = csr(A), torch.tensor(c)
+    first = solve_lp(ct, At, torch.tensor(b), forward="highs")
+    again = solve_lp(ct, At, torch.tensor(b), forward="highs")        # from the memo
+    assert At in host_highs._CSR_MEMO and not At.__dict__
+    _same(first.z, again.z)
+    buf = io.BytesIO()
+    torch.save(At, buf)                       # nothing added to the tensor: weights_only loads
+    buf.seek(0)
+    assert torch.equal(torch.load(buf).to_dense(), At.to_dense())
+    # values changed in place: the next solve reads them (and equals a fresh tensor's)
+    At.values().mul_(2.0)
+    changed = solve_lp(ct, At, torch.tensor(b), forward="highs")
+    _same(changed.z, solve_lp(ct, csr(A * 2.0), torch.tensor(b), forward="highs").z)
+    # a pattern that becomes unsorted in place is refused, not served from the memo
+    idx = At.col_indices()
+    idx[[0, 1]] = idx[[1, 0]]
+    assert host_highs._csr(At, len(c)) is None
+    del At, idx
+    gc.collect()
+    assert len(host_highs._CSR_MEMO) == 0 and len(host_highs._METHOD_MEMO) == 0
+
+
+def _zero_row_lp(seed):
+    """:func:`budget_lp` with an empty inequality row that is tight (``0 <= 0``) and equality
+    rows ``0 = 0`` (seeds 0, 1: that row alone; 2, 3: after a sparse equality row through a
+    point of the polytope): ``n + 2`` tight rows, two of them void (the degenerate vertices
+    of ``results/solver``'s random family, whose empty equality rows are tight)."""
+    c, A, b = budget_lp(seed)
+    n = len(c)
+    E, be = sp.csr_matrix((1, n)), np.zeros(1)
+    if seed >= 2:           # the midpoint of two vertices: E z = b_eq cuts through the inside
+        g = np.random.default_rng(seed)
+        mid = sum(linprog(g.standard_normal(n), A_ub=A, b_ub=b, bounds=(0, None),
+                          method="highs").x for _ in range(2)) / 2
+        E1 = sp.random(1, n, density=0.2, random_state=g, format="csr")
+        E, be = sp.vstack([E1, E], format="csr"), np.append(E1 @ mid, 0.0)
+    A = sp.vstack([A, sp.csr_matrix((1, n))], format="csr")
+    return c, A, np.append(b, 0.0), E, be
+
+
+@pytest.mark.parametrize("dense", [False, True])
+@pytest.mark.parametrize("seed", range(4))
+def test_void_rows_stay_out_of_the_square_system(monkeypatch, seed, dense):
+    from solver import square_active
+    c, A, b, E, be = _zero_row_lp(seed)
+    mat = (lambda X: torch.tensor(X.toarray())) if dense else csr
+
+    def run():
+        ct, bt, bet = (torch.tensor(a, requires_grad=True) for a in (c, b, be))
+        sol = solve_lp(ct, mat(A), bt, mat(E), bet, forward="highs")
+        w = torch.randn(len(c), generator=torch.Generator().manual_seed(seed), dtype=f64)
+        (sol.value + (w * sol.z).sum()).backward()
+        return sol, ct.grad, bt.grad, bet.grad
+    host = run()
+    with monkeypatch.context() as mp:          # the torch recovery: pseudo-inverse on T
+        mp.setattr(square_active, "eligible", lambda prob: None)
+        mp.setattr(host_highs, "ENABLED", False)
+        ref = run()
+    assert host[0].stats["active_factor"] == ("dense_lu" if dense else "sparse_lu")
+    assert ref[0].stats["active_factor"] not in ("dense_lu", "sparse_lu")
+    assert bool(host[0].active[-1]) and float(host[0].dual[-1]) == 0.0
+    assert float(host[0].dual_eq[-1]) == 0.0 and float(host[3][-1]) == 0.0
+    for name in ("z", "dual", "dual_eq", "dual_bounds", "active", "active_bounds"):
+        a, r = getattr(host[0], name), getattr(ref[0], name)
+        assert torch.allclose(a.double(), r.double(), rtol=1e-9, atol=1e-10), name
+    for a, r in zip(host[1:], ref[1:]):
+        assert torch.allclose(a, r, rtol=1e-9, atol=1e-10)
+    res = linprog(c, A_ub=A, b_ub=b, A_eq=E, b_eq=be, bounds=(0, None), method="highs")
+    assert abs(float(host[0].value) - res.fun) <= 1e-9 * (1 + abs(res.fun))
