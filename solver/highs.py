@@ -15,6 +15,11 @@ LU per LP (:mod:`solver.square_active`: SuperLU of the active rows with the acti
 eliminated; ``stats["active_factor"] == "sparse_lu"``, or ``"dense_lu"`` for a small dense LP);
 anything else goes through the torch recovery.
 
+One sparse float64 CPU LP (a ``torch.sparse_csr_tensor`` ``A``) skips this module's batched
+entry point: :mod:`solver.host_highs` calls :func:`solve_host` and the same certificate on the
+tensor's arrays, without the problem build around them, and hands a vertex that does not
+certify back here (``solved=``).
+
 ``forward="auto"`` (the default) also ends here for the LPs Newton hands over (stalled, not
 converged, out of time, diverged; ``only=``), and for a large general LP on the CPU.  HiGHS
 gets the time left of ``max_seconds`` as its ``time_limit``; past it:
