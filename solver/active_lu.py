@@ -98,7 +98,7 @@ def _diagonal(data, indices, indptr, n):
     ``indptr[-1]`` entries they hold).  SuperLU writes each column of ``U`` with its diagonal
     entry last: checked, and the general search where it is not so."""
     last = indptr[1:] - 1
-    if np.array_equal(indices[last], np.arange(n)):
+    if bool((indices[last] == np.arange(n)).all()):
         return np.abs(data[last])
     col = np.repeat(np.arange(n), np.diff(indptr))
     nnz = col.size
