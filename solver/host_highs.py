@@ -76,8 +76,14 @@ def _csr(M, n) -> tuple[HostCSR, np.ndarray, tuple] | None:
     if memo is not None and memo[0] == key:
         return memo[1]
     ptr, idx, val = (t.numpy() for t in parts)
-    out = HostCSR(ptr, idx, val, tuple(M.shape)), np.diff(ptr), key
-    if idx.size:
+    counts = np.diff(ptr)
+    out = HostCSR(ptr, idx, val, tuple(M.shape)), counts, key
+    # torch does not check a CSR tensor's invariants by default, and HiGHS and scipy's kernels
+    # index without bounds checks: a malformed tensor goes to the general route, which names it
+    if not (ptr.size == M.shape[0] + 1 and ptr[0] == 0 and ptr[-1] == idx.size == val.size
+            and bool((counts >= 0).all()) and (not idx.size or 0 <= idx.min() <= idx.max() < n)):
+        out = None
+    elif idx.size:
         # within each row the columns increase: the layout of the general route's coalesced
         # operator, so both routes hand HiGHS and the certificate the same arrays
         step = np.diff(idx)
@@ -90,17 +96,19 @@ def _csr(M, n) -> tuple[HostCSR, np.ndarray, tuple] | None:
     return out
 
 
-def _method(A, n, counts, keys) -> str:
+def _method(A, n, counts, key) -> str:
     """``linear_solver="auto"``'s choice for these row counts (:func:`solver.linsolve.auto_method`
-    as :func:`solver.linsolve.choose_method` applies it to a sparse LP), kept on ``A`` per
-    pattern of ``A`` and ``A_eq`` (``keys``)."""
-    memo = _METHOD_MEMO.get(A)
-    if memo is not None and memo[0] == keys:
+    as :func:`solver.linsolve.choose_method` applies it to a sparse LP).  Kept per tensor ``A``
+    and its pattern ``key`` where there is no ``A_eq`` (with one, it is counted each call: a
+    key of another tensor's addresses could outlive it)."""
+    memo = _METHOD_MEMO.get(A) if len(counts) == 1 else None
+    if memo is not None and memo[0] == key:
         return memo[1]
     method = auto_method(n, diagonal_ok=len(counts) == 1 and int(counts[0].max()) <= 1,
                          sparse_ok=True, gram_nnz=lambda: gram_nnz_of(n, counts),
                          dense_gram_cheap=True)
-    _METHOD_MEMO[A] = keys, method
+    if len(counts) == 1:
+        _METHOD_MEMO[A] = key, method
     return method
 
 
@@ -120,9 +128,9 @@ def solve(c, A, b, A_eq, b_eq, opts, backward: str, t0: float
     if pa is None or pa[0].shape[0] != b.shape[0] or (A_eq is not None and (
             pe is None or not _vector(b_eq, pe[0].shape[0]))):
         return None, None
-    (Ah, ca, ka), (Eh, ce, ke) = pa, (None, None, None) if pe is None else pe
+    (Ah, ca, ka), (Eh, ce, _) = pa, (None, None, None) if pe is None else pe
     counts = [ca] if Eh is None else [ca, ce]
-    method = _method(A, n, counts, (ka, ke))
+    method = _method(A, n, counts, ka)
     if opts.forward == "auto" and (method == "diagonal" or
                                    route(c, A, A_eq, opts, backward) != "highs"):
         return None, None                    # Newton's LPs

@@ -174,6 +174,32 @@ class DiagonalOperator(LinearOperator):
         return DiagonalOperator(self.d.to(dtype))
 
 
+def _check_sparse_layout(A: torch.Tensor) -> None:
+    """A CPU ``torch.sparse`` tensor's index arrays, checked (torch does not check them by
+    default, and an index past the shape corrupts the conversion or crashes the host solvers,
+    which do not check bounds either).  On other devices the check would be a host sync:
+    skipped."""
+    if A.device.type != "cpu" or A.layout not in (torch.sparse_coo, torch.sparse_csr):
+        return
+    if A.layout == torch.sparse_coo:
+        idx = A._indices()
+        bad = idx.numel() and (bool((idx < 0).any()) or bool(
+            (idx.amax(1) >= torch.tensor(A.shape[:idx.shape[0]])).any()))
+        what = "COO indices outside the shape"
+    else:
+        ptr, col = A.crow_indices(), A.col_indices()
+        nnz = col.shape[-1]
+        bad = ptr.shape[-1] != A.shape[-2] + 1 or bool((ptr[..., 0] != 0).any()) or \
+            bool((ptr[..., -1] != nnz).any()) or bool((ptr.diff(dim=-1) < 0).any()) or \
+            (col.numel() and (bool((col < 0).any()) or int(col.max()) >= A.shape[-1]))
+        what = "CSR arrays that do not describe the shape (crow_indices from 0 to nnz, " \
+               "non-decreasing; col_indices in [0, n))"
+    if bad:
+        raise LPInputError(f"sparse A of shape {tuple(A.shape)} has {what}; build it with "
+                           f"torch.sparse_coo_tensor / sparse_csr_tensor from valid indices, "
+                           f"or check them with torch.sparse.check_sparse_tensor_invariants.")
+
+
 class SparseOperator(LinearOperator):
     """A sparse matrix in coordinate form: ``values[k]`` at ``(row[k], col[k])``.
 
@@ -197,6 +223,7 @@ class SparseOperator(LinearOperator):
 
     @classmethod
     def from_torch(cls, A: torch.Tensor) -> "SparseOperator":
+        _check_sparse_layout(A)
         if A.layout != torch.sparse_coo:
             A = A.to_sparse_coo()
         if A.sparse_dim() != A.dim() or A.dim() not in (2, 3):

@@ -311,3 +311,36 @@ def test_void_rows_stay_out_of_the_square_system(monkeypatch, seed, dense):
         assert torch.allclose(a, r, rtol=1e-9, atol=1e-10)
     res = linprog(c, A_ub=A, b_ub=b, A_eq=E, b_eq=be, bounds=(0, None), method="highs")
     assert abs(float(host[0].value) - res.fun) <= 1e-9 * (1 + abs(res.fun))
+
+
+@pytest.mark.parametrize("ptr,idx", [([0, 2, 4], [0, 10 ** 8, 1, 3]),   # a column past n
+                                     ([1, 2, 4], [0, 1, 2, 3]),         # indptr not from 0
+                                     ([0, 2, 6], [0, 1, 2, 3]),         # past the last entry
+                                     ([0, 3, 2], [0, 1, 2, 3]),         # decreasing indptr
+                                     ([0, 2, 4], [-1, 1, 2, 3])])       # a negative column
+def test_malformed_csr_tensors_are_left_to_the_general_route(ptr, idx):
+    """torch does not check a CSR tensor's invariants by default; HiGHS and scipy's kernels do
+    not check bounds: the host route must never hand them such arrays (a crash, not an error)."""
+    A = torch.sparse_csr_tensor(torch.tensor(ptr), torch.tensor(idx),
+                                torch.ones(4, dtype=f64), (2, 4))
+    assert host_highs._csr(A, 4) is None
+    c, b = -torch.ones(4, dtype=f64), torch.tensor([1.0, 2.0], dtype=f64)
+    for forward in ("highs", "newton"):       # and the general route names it
+        with pytest.raises(LPInputError, match="CSR arrays"):
+            solve_lp(c, A, b, forward=forward)
+
+
+def test_coo_indices_outside_the_shape_are_named():
+    A = torch.sparse_coo_tensor(torch.tensor([[0, 1], [1, 4]]), torch.ones(2, dtype=f64),
+                                (2, 4), check_invariants=False)
+    with pytest.raises(LPInputError, match="COO indices"):
+        solve_lp(-torch.ones(4, dtype=f64), A, torch.ones(2, dtype=f64), forward="highs")
+
+
+def test_the_solver_choice_is_not_kept_across_equality_tensors():
+    c, A, b, E, be = _with_equalities(0, 40, 40, 0.1, 1)
+    At = csr(A)
+    solve_lp(torch.tensor(c), At, torch.tensor(b), csr(E), torch.tensor(be), forward="highs")
+    assert At not in host_highs._METHOD_MEMO
+    solve_lp(torch.tensor(c), At, torch.tensor(b), forward="highs")
+    assert At in host_highs._METHOD_MEMO
