@@ -35,17 +35,18 @@ def _spy_general(monkeypatch) -> list:
     return count
 
 
-def _both(monkeypatch, make, calls=None):
-    """``make()`` (a solve, then its backward) on the host route and on the general route;
-    ``calls`` (a list) gets the number of general-route solves of the first."""
+def _both(monkeypatch, make, calls=None, route=host_guess):
+    """``make()`` (a solve, then its backward) on the host route (the module ``route``, switched
+    by its ``ENABLED``) and on the general route; ``calls`` (a list) gets the number of
+    general-route solves of the first."""
     out, count = {}, _spy_general(monkeypatch)
     for enabled in (True, False):
-        monkeypatch.setattr(host_guess, "ENABLED", enabled)
+        monkeypatch.setattr(route, "ENABLED", enabled)
         count.clear()
         out[enabled] = make()
         if enabled and calls is not None:
             calls.append(len(count))
-    monkeypatch.setattr(host_guess, "ENABLED", True)
+    monkeypatch.setattr(route, "ENABLED", True)
     return out[True], out[False]
 
 

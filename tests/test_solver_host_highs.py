@@ -22,6 +22,7 @@ import solver.solve as solve_mod
 from solver import LPInputError, LPSolverError, highs, host_highs, solve_lp
 from solver.active_lu import _diagonal, lu_of_arrays, nonsingular_lu
 from solver.scipy_ops import HostCSR, csr_matvec
+from tests.test_solver_host_guess import _both as _both_routes
 from tests.test_solver_host_guess import _compare, _same, _spy_general
 from tests.test_solver_sparse_recovery import budget_lp, csr
 
@@ -30,17 +31,7 @@ f64 = torch.float64
 
 
 def _both(monkeypatch, make, calls=None):
-    """``make()`` on the host route and on the general route; ``calls`` gets the number of
-    general-route solves of the first."""
-    out, count = {}, _spy_general(monkeypatch)
-    for enabled in (True, False):
-        monkeypatch.setattr(host_highs, "ENABLED", enabled)
-        count.clear()
-        out[enabled] = make()
-        if enabled and calls is not None:
-            calls.append(len(count))
-    monkeypatch.setattr(host_highs, "ENABLED", True)
-    return out[True], out[False]
+    return _both_routes(monkeypatch, make, calls, route=host_highs)
 
 
 def _with_equalities(seed, n, m0, density, p):
