@@ -257,8 +257,9 @@ def _draw(members: list[_Member], device: torch.device) -> tuple[torch.Tensor, t
     return torch.stack(xs).to(device), torch.stack(ys).to(device)
 
 
-def _runner(stepper: PackedStep, cuda_graph: bool, device: torch.device, n: int):
-    """The pack's stepper, or its CUDA-graph replay (:mod:`packed.graph`) where asked and possible."""
+def step_runner(stepper: PackedStep, cuda_graph: bool, device: torch.device, n: int):
+    """The pack's stepper, or its CUDA-graph replay (:mod:`packed.graph`) where asked and possible
+    (also what the campaign's probe times: ``scripts/gpu_tables.measure``)."""
     if not cuda_graph:
         return stepper
     why = "not on CUDA" if device.type != "cuda" else capturable(stepper)
@@ -351,7 +352,7 @@ def _train_pack(members: list[_Member], deadline: float | None = None,
                          sync_free=sync_free, autocast=autocast_dtype(runs[0].cfg))
     log.info(f"pack of {n}: optimizer update: {stepper.update_note}"
              + (f"; {sum(swapped)} objective(s) in their capture-safe form" if any(swapped) else ""))
-    runner = _runner(stepper, cuda_graph, device, n)
+    runner = step_runner(stepper, cuda_graph, device, n)
     times: dict[str, list[float]] = {"data": [], "step": []}
     stopped = None
     loss_log = _LossLog()

@@ -59,6 +59,19 @@ def interleaved_ms(fns: dict[str, Callable[[], object]], reps: int,
     return {k: statistics.median(v) for k, v in times.items()}
 
 
+def runner_ms(runs: "Runs", runner, reps: int, device: torch.device = torch.device("cpu")) -> float:
+    """Median wall ms of ``runner.step`` on ``runs``' batches, the step number counting up as in
+    training: ``runner`` is ``runs.stepper`` or what the launcher would step instead
+    (:func:`packed.launch.step_runner`: a :class:`packed.graph.GraphedStep`, whose eager warm-up
+    steps and capture are all untimed, so only replays are timed)."""
+    steps = iter(range(1 << 62))
+
+    def step():
+        with labels_checked() if runs.stepper.sync_free else contextlib.nullcontext():
+            return runner.step(runs.x, runs.y, next(steps))
+    return interleaved_ms({"step": step}, reps, device, warmup=getattr(runner, "warmup", 0) + 1)["step"]
+
+
 @dataclass
 class Runs:
     """N runs twice over, from the same initial weights: as N separate models (``separate()``

@@ -169,13 +169,15 @@ def measure_each(cfg, overrides, device, n: int, args, objectives: list[str], ex
     """:func:`gpu_tables.measure` of ``objectives`` at pack size ``n``; if it fails, each objective
     alone (one objective's failure must not cost the window: its runs stay unpriced, skipped)."""
     try:
-        return gpu_tables.measure(cfg, overrides, device, n, args.probe_reps, objectives, experiment)
+        return gpu_tables.measure(cfg, overrides, device, n, args.probe_reps, objectives, experiment,
+                                  cuda_graph=getattr(args, "cuda_graph", False))
     except Exception as err:   # noqa: BLE001
         print(f"probe (pack of {n}): {campaign_queue.first_line(err)}; probing each objective alone", flush=True)
     speed: dict = {}
     for obj in objectives:
         try:
-            speed.update(gpu_tables.measure(cfg, overrides, device, n, args.probe_reps, [obj], experiment))
+            speed.update(gpu_tables.measure(cfg, overrides, device, n, args.probe_reps, [obj], experiment,
+                                            cuda_graph=getattr(args, "cuda_graph", False)))
         except Exception as err:   # noqa: BLE001
             print(f"probe: {obj} failed at pack size {n} ({campaign_queue.first_line(err)})", flush=True)
     if "eval_ms" not in speed:
@@ -292,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
             r.add_argument("--max-pack", type=int, default=None)
             r.add_argument("--cuda-graph", action="store_true",
                            help="replay capturable packs from a CUDA graph (the launcher's option; the plan "
-                                "is priced from eager steps, so it only finishes sooner)")
+                                "is priced from the probe, which times the same replays where the pack can be captured)")
     campaign_fold.add_parsers(sub)
     args = ap.parse_args(argv)
     if args.cmd == "queue":

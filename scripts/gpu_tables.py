@@ -57,15 +57,21 @@ def job_specs(dataset: str, seeds, lrs, levels=LEVELS, objectives=OBJECTIVES) ->
 
 
 def measure(cfg, overrides: list[str], device, pack_n: int, reps: int,
-            objectives=OBJECTIVES, experiment: str = "table1_binary") -> dict:
-    """ms per run-step of a packed step (each of ``objectives``) at ``pack_n`` runs,
-    and ms of one run's evaluation (val + test), for the model and batch of ``cfg``."""
+            objectives=OBJECTIVES, experiment: str = "table1_binary", cuda_graph: bool = False) -> dict:
+    """ms per run-step of a packed step (each of ``objectives``) at ``pack_n`` runs, and ms of one
+    run's evaluation (val + test), for the model and batch of ``cfg``. The step timed is the one
+    :func:`packed.launch.train_packed` would take (``cuda_graph`` as passed to it): the objectives
+    in the form a pack on ``device`` trains (:func:`packed.graph.capture_form`), sync-free on
+    CUDA, and, where a graph is asked and the pack can be captured, the graph's replay
+    (``graph_<objective>`` in the result says which was timed)."""
     from hydra.utils import instantiate
 
     import train
     from builders import build_model, instantiate_runtime, runtime_values
     from data import build_data
-    from packed.speed import build_runs, median_ms
+    from packed.graph import GraphedStep, capture_form
+    from packed.launch import step_runner
+    from packed.speed import build_runs, runner_ms
     bundle = build_data(cfg.dataset, seed=cfg.seed).to(device)
     runtime = runtime_values(bundle)
     shape, batch = tuple(bundle.input_shape), int(cfg.trainer.batch_size)
@@ -76,8 +82,11 @@ def measure(cfg, overrides: list[str], device, pack_n: int, reps: int,
                           make_objective=lambda: instantiate_runtime(job.objective, **runtime),
                           num_classes=bundle.num_classes,
                           make_optimizer=lambda groups: instantiate(job.optimizer, _partial_=True)(params=groups),
-                          sync_free=device.type == "cuda")   # as train_packed steps there
-        out[f"step_ms_per_run_{name}"] = median_ms(runs.packed, reps, device) / pack_n
+                          sync_free=device.type == "cuda",   # as train_packed steps there
+                          pack_form=lambda o: capture_form(o, device))
+        runner = step_runner(runs.stepper, cuda_graph, device, pack_n)
+        out[f"step_ms_per_run_{name}"] = runner_ms(runs, runner, reps, device) / pack_n
+        out[f"graph_{name}"] = isinstance(runner, GraphedStep)
     model = build_model(cfg, bundle).to(device)
     t0 = time.perf_counter()
     for split in ("val", "test"):

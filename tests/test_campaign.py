@@ -240,3 +240,28 @@ def test_pack_cost_fits_a_pack_overhead_from_the_solo_probe_and_shares_it_within
     assert cost_of([e("ce")]) == pytest.approx(5.0) and cost_of([e("ce")] * 4) == pytest.approx(8.0)
     assert cost_of([e("ce"), e("auc_lp")]) == pytest.approx(7.0)            # one pack: 4 + 1 + 2 ms a step
     assert cost_of([e("ce"), e("auc_lp"), e("ppd_sg")]) == pytest.approx(12.0)   # + a pack of its own: 5
+
+
+@pytest.mark.slow
+def test_gpu_window_sh_end_to_end_on_the_cpu(queue_dir, tmp_path):
+    """The window's one command (graph check, the campaign, the LP timing) on the CPU: every file
+    it promises comes back, the graph check gates the campaign, and the campaign's runs fold."""
+    out = tmp_path / "out"
+    env = {**os.environ, "OUT": str(out), "PY": sys.executable, "OMP_NUM_THREADS": "1", "BUDGET": "200",
+           "EVAL_EVERY": "3", "DEVICE": "cpu", "CAMPAIGN_DIR": str(queue_dir), "PROBE_N": "2",
+           "CHECK_ARGS": "--model mlp --steps 4 --n 2", "CHECK_S": "200", "TIMING_S": "200"}
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_window.sh")], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert sorted(p.name for p in out.iterdir()) == ["campaign.log", "check_graph.json", "machine.txt", "plan.json",
+                                                     "runs.jsonl.gz", "time_capture_lp.jsonl", "window.log"]
+    rows = json.loads((out / "check_graph.json").read_text())
+    assert {r["objective"] for r in rows} == {"ce", "auc_lp", "ppd_sg", "ppd_adagrad"}
+    log = (out / "window.log").read_text()
+    assert "passed for every objective: 1" in log and "CUDA_GRAPH=1" in log   # the CPU's stand-in equals eager
+    plan = json.loads((out / "plan.json").read_text())
+    assert set(plan["outcome"].values()) == {f"done at step {STEPS}"}
+    assert plan["speed"]["graph_ce"] is False   # no graph on the CPU: the probe timed the eager step
+    paths = [json.loads(line)["path"] for line in (out / "time_capture_lp.jsonl").read_text().splitlines()]
+    assert paths == ["standard", "capture_safe"]
+    assert campaign_fold.fold([out], folded_copy(queue_dir, tmp_path), log=lambda m: None)["done"] == 2

@@ -140,7 +140,7 @@ def test_launcher_with_graph_replay_writes_the_eager_metrics(compose_cfg, tmp_pa
     launch.train_packed(jobs("fallback"), sync_free=True, cuda_graph=True)
     assert "no CUDA graph (not on CUDA)" in caplog.text
     made = []
-    monkeypatch.setattr(launch, "_runner", lambda st, *_: made.append(GraphedStep(st, 2, StandIn)) or made[-1])
+    monkeypatch.setattr(launch, "step_runner", lambda st, *_: made.append(GraphedStep(st, 2, StandIn)) or made[-1])
     launch.train_packed(jobs("graph"), sync_free=True)
     assert made and made[0].captures == 2   # after the warm-up, and at the milestone
     for k in specs:
@@ -157,3 +157,26 @@ def test_no_capture_without_a_warm_up_step_and_hyperparameters_key_the_graph(flo
     key = graphed._key()
     st.optimizers[0].param_groups[0]["momentum"] = 0.5   # e.g. a cyclic momentum schedule
     assert graphed._key() != key
+
+
+def test_the_probe_times_the_replays_of_a_graphed_pack_and_nothing_else():
+    """``packed.speed.runner_ms`` (the campaign's probe, ``gpu_tables.measure``): the warm-up
+    steps and the capture happen before the timing, so every timed call is a replay; the step
+    number counts up as in training (PPD's stage ends are keyed on it)."""
+    from packed.launch import step_runner
+    from packed.speed import build_runs, runner_ms
+    runs = build_runs(lambda: MLP(2, SHAPE, hidden=[8]), SHAPE, 6, 2, sync_free=True)
+    replays, seen = [], []
+
+    class Counting(StandIn):
+        def replay(self):
+            replays.append(1)
+            super().replay()
+    graphed = GraphedStep(runs.stepper, warmup=2, make_graph=Counting)
+    inner = graphed.step
+    graphed.step = lambda x, y, step: seen.append(step) or inner(x, y, step)
+    runner_ms(runs, graphed, reps=5)
+    assert graphed.eager_steps == 2 and graphed.captures == 1
+    assert len(replays) == 1 + 5 and seen == list(range(8))   # the capture's step, then 5 timed replays
+    # on the CPU the launcher (and so the probe) steps eagerly even when a graph is asked for
+    assert step_runner(runs.stepper, True, torch.device("cpu"), 2) is runs.stepper

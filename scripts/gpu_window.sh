@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# One lent GPU window, campaign first (issue 17; issue 20 item 5 after it), as one device command
+# of at most ~560 s. In order:
+#   1. python -m packed.check_graph: each Table-1 objective's pack step as a real CUDA graph
+#      against the same step eagerly (ResNet-18, pack of 4, 8 steps)  -> check_graph.json
+#   2. scripts/gpu_campaign.sh with CUDA_GRAPH=1 only if step 1 passed for every objective (no
+#      error, graph = eager within GRAPH_TOL on losses and parameters), else eager steps
+#                                          -> machine.txt, plan.json, runs.jsonl.gz, campaign.log
+#   3. scripts/time_capture_lp.py: the batch-64 AUC LP, standard and capture-safe, fwd + bwd
+#                                          -> time_capture_lp.jsonl
+# plus window.log (this script's decisions). Seven files under OUT: all come back.
+#
+#   (here, before: python scripts/campaign.py status   # names the data pack;  python provenance.py stamp)
+#   device run, carry [.whl, .code_version.json, .devdata]:
+#   OUT=$OUT DATA_ROOT=.devdata bash scripts/gpu_window.sh
+#   (here, after: python scripts/campaign.py fold <returned folder>; commit results/paper_tables)
+#
+# Env: BUDGET (the campaign's, default 390 s), CHECK_S (80), TIMING_S (40), GRAPH_TOL (1e-5), PY,
+# DEVICE (cuda for steps 1 and 3, the campaign's auto for step 2), CHECK_ARGS (more check_graph
+# arguments), and gpu_campaign.sh's own (CAMPAIGN_DIR, EVAL_EVERY, PROBE_N, ...). On the CPU, the
+# script end to end (tests/test_campaign.py, slow): DEVICE=cpu CHECK_ARGS="--model mlp --steps 4".
+set -u
+. "$(dirname "$0")/device_env.sh"   # OUT, PY, ROOT, wheels on PYTHONPATH
+CHECK_S=${CHECK_S:-80}; TIMING_S=${TIMING_S:-40}; GRAPH_TOL=${GRAPH_TOL:-1e-5}; DEV=${DEVICE:-cuda}
+set -f; read -r -a check_args <<< "${CHECK_ARGS:-}"; set +f
+log() { echo "[window $(date -u +%H:%M:%S)] $*" | tee -a "$OUT/window.log"; }
+
+log "1. CUDA-graph check (timeout ${CHECK_S} s)"
+(cd "$ROOT" && timeout --signal=TERM "$CHECK_S" $PY -m packed.check_graph --device "$DEV" \
+    --out "$OUT/check_graph.json" ${check_args[0]:+"${check_args[@]}"}) 2>&1 | tail -n 20 | tee -a "$OUT/window.log"
+graph=$($PY - "$OUT/check_graph.json" "$GRAPH_TOL" <<'EOF'
+import json, sys
+from pathlib import Path
+path, tol = Path(sys.argv[1]), float(sys.argv[2])
+rows = json.loads(path.read_text()) if path.exists() else []
+need = {"ce", "auc_lp", "ppd_sg", "ppd_adagrad"}
+ok = {r["objective"] for r in rows if "error" not in r
+      and r["loss_diff_vs_eager"] <= tol and r["param_diff_vs_eager"] <= tol}
+print(1 if need <= ok else 0)
+EOF
+)
+log "graph check passed for every objective: ${graph:-0} (tolerance $GRAPH_TOL)"
+
+log "2. campaign (BUDGET=${BUDGET:-390}, CUDA_GRAPH=${graph:-0})"
+if [ "${graph:-0}" = 1 ]; then export CUDA_GRAPH=1; else unset CUDA_GRAPH; fi
+BUDGET=${BUDGET:-390} bash "$ROOT/scripts/gpu_campaign.sh"
+log "campaign exit status $?"
+
+log "3. batch-64 AUC LP timing (timeout ${TIMING_S} s)"
+(cd "$ROOT" && timeout --signal=TERM "$TIMING_S" $PY scripts/time_capture_lp.py --device "$DEV" \
+    --repeats 30 --rounds 5) > "$OUT/time_capture_lp.jsonl" 2>> "$OUT/window.log"
+log "timing exit status $?"
