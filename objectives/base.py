@@ -97,7 +97,9 @@ class Objective(nn.Module):
         dtype = torch.float32 if value.device.type == "mps" else torch.float64   # MPS has no float64
         value = value.to(dtype)
         if acc is None or acc.device != value.device:
-            if acc is not None:
+            # a moved objective: its accumulator on the old device may go once it has been read
+            # (pop_stats zeroed it; one read of the old device, at the move only)
+            if acc is not None and float(acc[1]) != 0.0:
                 raise RuntimeError(f"statistic {key!r} was recorded on {acc.device} and now on "
                                    f"{value.device}: call pop_stats() before moving the objective")
             acc = self._stat_device[key] = torch.zeros(2, dtype=dtype, device=value.device)

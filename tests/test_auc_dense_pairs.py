@@ -120,3 +120,20 @@ def test_packed_sync_free_step_with_dense_auc_lp_makes_no_host_sync():
         with NoHostSync():
             out = stepper.step(x, y, 1)
     assert out.losses.shape == (3,)
+
+
+def test_the_capture_safe_twin_records_on_the_device_it_is_moved_to():
+    """``capture_safe_form`` tries the twin on a CPU batch; the pack then trains it on CUDA. Its
+    popped CPU accumulators must give way (the bug the first H100 window hit: every auc_lp pack
+    failed with "recorded on cpu and now on cuda:0"); unread statistics still refuse the move.
+    The meta device stands in for CUDA (no host copy is needed to add there)."""
+    twin = AUCLoss(method="lp", epsilon=0.01).capture_safe_form()
+    assert twin is not None and twin.pair_layout == "dense"
+    twin.record(degenerate_batches=torch.zeros((), device="meta"))   # no error: the CPU trial was popped
+    assert twin._stat_device["degenerate_batches"].device.type == "meta"
+    other = AUCLoss(method="lp", epsilon=0.01)
+    other.record(lp_pairs=torch.ones(()))
+    with pytest.raises(RuntimeError, match="call pop_stats"):
+        other.record(lp_pairs=torch.ones((), device="meta"))
+    other.pop_stats()
+    other.record(lp_pairs=torch.ones((), device="meta"))
