@@ -158,8 +158,8 @@ def _describe(keys: list[dict[str, Any]], packs: list[list[int]], differing: lis
 def train_packed(jobs: list[Job], max_pack: int | None = None, deadline: float | None = None,
                  sync_free: bool | None = None, cuda_graph: bool = False) -> list[Any]:
     """Train ``jobs`` as packs; returns per job its ``results.json`` dict or the exception that
-    stopped its preparation (bad config, missing data, an optimizer that cannot be built), in
-    the jobs' order; the other jobs run (as under Hydra's basic launcher, the multirun then
+    stopped its preparation (bad config, missing data, an optimizer that cannot be built) or its
+    pack's training (every run of that pack gets it), in the jobs' order; the other jobs run (as under Hydra's basic launcher, the multirun then
     exits with the first failed job's error). ``deadline``, ``sync_free`` (``None``: on for
     packs on CUDA), ``cuda_graph``: see the module docstring."""
     outcomes: list[Any] = [None] * len(jobs)
@@ -207,6 +207,10 @@ def train_packed(jobs: list[Job], max_pack: int | None = None, deadline: float |
             if any(m.run.rows for m in pack_members):   # evaluated already: not restartable
                 raise
             oom = str(err)
+        except Exception as err:   # noqa: BLE001 -- this pack's runs fail, the other packs still run
+            log.exception(f"packed launcher: a pack of {len(p)} run(s) failed: {type(err).__name__}: {err}")
+            for j in p:
+                outcomes[order[j]] = err
         _release(pack_members)   # outside the except block: its traceback holds the pack
         if oom is None:
             continue
@@ -252,9 +256,13 @@ def _fresh(m: _Member) -> None:
 
 
 def _draw(members: list[_Member], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each run's next batch from its own stream, stacked ``[N, B, ...]`` on ``device``."""
+    """Each run's next batch from its own stream, stacked ``[N, B, ...]`` on ``device``, in the
+    standard (contiguous) layout: the image packs store NHWC, so their batches come as
+    channels-last views, and under ``vmap`` on CUDA a pack of one then fails in batch norm
+    ("querying is_contiguous inside of vmap ...", the second H100 window); the copy is 0.8 MB
+    per run-step of CIFAR-10 (the probe, ``gpu_tables.measure``, times contiguous batches too)."""
     xs, ys = zip(*(next(m.stream) for m in members))
-    return torch.stack(xs).to(device), torch.stack(ys).to(device)
+    return torch.stack(xs).to(device).contiguous(), torch.stack(ys).to(device)
 
 
 def step_runner(stepper: PackedStep, cuda_graph: bool, device: torch.device, n: int):
