@@ -11,8 +11,12 @@ through :meth:`train.Run.results` -- ``train.py`` runs, packed and campaign runs
 
 A copy of the code without its ``.git`` (the tree a lent GPU machine receives) names its commit
 through a stamp written beside this file before the copy leaves: ``python provenance.py stamp``
-writes ``.code_version.json`` (git-ignored; carry it into the device call), read only when git
-cannot answer. The repository is the one holding this file (the code that ran), not the working directory a
+writes ``.code_version.json`` (git-ignored; carry it into the device call). The stamp also holds a
+fingerprint of the tracked files outside the output folders (their paths and contents); where the
+files here still match it, the stamp names the code, whatever a ``.git`` beside them says (a lent
+machine's copy of ``.git`` can lag the tree it received: the first H100 campaign window's runs
+recorded an older commit, "dirty", for a tree that was a later commit, clean). A stamp whose files
+no longer match is used only where git cannot answer, as its commit with changes (dirty). The repository is the one holding this file (the code that ran), not the working directory a
 run was launched from. Untracked files under ``results/``, ``outputs/`` and ``multirun/`` do not
 make the tree dirty: runs write there while the code is unchanged. The git part is read once per
 process (a packed launcher writes hundreds of results.json), the device name once per device.
@@ -26,6 +30,7 @@ Example::
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
 import platform
@@ -40,6 +45,7 @@ CODE_DIR = Path(__file__).resolve().parent
 UNKNOWN = "unknown"
 #: untracked paths under these folders are run outputs, not code changes
 OUTPUT_FOLDERS = ("results/", "outputs/", "multirun/")
+STAMP = ".code_version.json"   # written by ``stamp``; a tree copied without .git (or a stale one) reads it
 
 
 def _git(folder: Path, *args: str) -> str | None:
@@ -64,13 +70,10 @@ def is_dirty(porcelain_z: str) -> bool:
         status, path = entry[:2], entry[3:]
         if "R" in status or "C" in status:
             next(entries, None)
-        if status == "??" and path.startswith(OUTPUT_FOLDERS):
+        if status == "??" and (path.startswith(OUTPUT_FOLDERS) or path == STAMP):   # the stamp is no code
             continue
         return True
     return False
-
-
-STAMP = ".code_version.json"   # written by ``stamp``; a tree copied without .git reads it
 
 
 def _git_version(folder: Path) -> tuple[str, bool | None]:
@@ -81,30 +84,63 @@ def _git_version(folder: Path) -> tuple[str, bool | None]:
     return head.strip(), None if status is None else is_dirty(status)
 
 
+def fingerprint(folder: Path, paths: list[str]) -> str | None:
+    """sha256 over ``paths`` (relative to ``folder``) and their contents; ``None`` if one is missing."""
+    h = hashlib.sha256()
+    for rel in sorted(paths):
+        try:
+            data = (Path(folder) / rel).read_bytes()
+        except OSError:
+            return None
+        h.update(rel.encode() + b"\0" + hashlib.sha256(data).digest())
+    return h.hexdigest()
+
+
+def _stamp_version(folder: Path) -> tuple[str, bool | None, bool] | None:
+    """``(commit, dirty, files match)`` of the stamp beside ``folder``'s code; ``None`` without a
+    readable stamp. A stamp without a fingerprint (older) never matches."""
+    path = Path(folder) / STAMP
+    if not path.is_file():
+        return None
+    try:
+        saved = json.loads(path.read_text())
+        commit, dirty, paths = str(saved["git_commit"]), saved.get("git_dirty"), saved.get("paths")
+    except (ValueError, KeyError, TypeError, AttributeError):   # a damaged stamp names nothing
+        return UNKNOWN, None, False
+    same = isinstance(paths, list) and fingerprint(folder, paths) == saved.get("fingerprint")
+    return commit, dirty, same
+
+
 @functools.lru_cache(maxsize=None)
 def code_version(folder: Path = CODE_DIR) -> tuple[str, bool | None]:
-    """``(commit, dirty)`` of the repository holding ``folder``; without git, the stamp beside it
-    (``python provenance.py stamp``); ``("unknown", None)`` when neither answers."""
+    """``(commit, dirty)`` of the code in ``folder``: the stamp (``python provenance.py stamp``) where
+    the files still match it; else git; else the stamp as its commit with changes (an older
+    stamp, without fingerprint: as it says); ``("unknown", None)`` when nothing answers."""
+    saved = _stamp_version(Path(folder))
+    if saved is not None and saved[2]:
+        return saved[0], saved[1]
     commit, dirty = _git_version(folder)
-    stamp = Path(folder) / STAMP
-    if commit == UNKNOWN and stamp.is_file():
-        try:
-            saved = json.loads(stamp.read_text())
-            return str(saved["git_commit"]), saved.get("git_dirty")
-        except (ValueError, KeyError, TypeError):   # a damaged stamp names nothing
-            return UNKNOWN, None
-    return commit, dirty
+    if commit != UNKNOWN or saved is None or saved[0] == UNKNOWN:
+        return commit, dirty
+    has_fingerprint = "fingerprint" in json.loads((Path(folder) / STAMP).read_text())
+    return saved[0], True if has_fingerprint else saved[1]
 
 
 def stamp(folder: Path = CODE_DIR) -> dict[str, Any]:
     """Write ``folder/.code_version.json`` from git, for a copy of the tree that travels without
-    ``.git``; refuses outside a repository (a stamp of "unknown" would hide the problem)."""
+    ``.git`` (or with a stale one): the commit, whether the tree is dirty, and the fingerprint of
+    the tracked files outside the output folders; refuses outside a repository (a stamp of
+    "unknown" would hide the problem)."""
     commit, dirty = _git_version(Path(folder))
-    if commit == UNKNOWN:
+    listed = _git(Path(folder), "ls-files", "-z")
+    if commit == UNKNOWN or listed is None:
         raise RuntimeError(f"{folder} is not a git checkout (or git is missing): nothing to stamp")
-    saved = {"git_commit": commit, "git_dirty": dirty}
+    paths = sorted(p for p in listed.split("\0") if p and not p.startswith(OUTPUT_FOLDERS)
+                   and (Path(folder) / p).is_file())
+    saved = {"git_commit": commit, "git_dirty": dirty, "fingerprint": fingerprint(Path(folder), paths),
+             "paths": paths}
     (Path(folder) / STAMP).write_text(json.dumps(saved) + "\n")
-    return saved
+    return {"git_commit": commit, "git_dirty": dirty, "files": len(paths)}
 
 
 def cpu_model() -> str:

@@ -94,7 +94,12 @@ def test_a_copy_without_git_names_its_commit_through_the_stamp(tmp_path, monkeyp
     finally:
         provenance.code_version.cache_clear()
     assert saved["git_commit"] == rec["git_commit"] != "unknown"
-    assert rec["git_dirty"] == saved["git_dirty"]
+    assert rec["git_dirty"] == saved["git_dirty"] is False and saved["paths"] == ["a.py"]
+    (tmp_path / "copy" / "a.py").write_text("x = 2\n")   # changed after the stamp: its commit, with changes
+    try:
+        assert provenance.code_version(tmp_path / "copy") == (saved["git_commit"], True)
+    finally:
+        provenance.code_version.cache_clear()
     (tmp_path / "copy" / provenance.STAMP).write_text("{not json")
     try:
         assert provenance.code_version(tmp_path / "copy") == ("unknown", None)
@@ -117,4 +122,30 @@ def _stamped_copy(tmp_path):
     provenance.stamp(repo)
     (tmp_path / "copy").mkdir()
     shutil.copy(repo / provenance.STAMP, tmp_path / "copy" / provenance.STAMP)
+    shutil.copy(repo / "a.py", tmp_path / "copy" / "a.py")
     return repo
+
+
+def test_a_stale_git_copy_does_not_overrule_a_matching_stamp(tmp_path):
+    """The device received a later commit's files with an older .git beside them (the first H100
+    campaign window): the stamp, whose fingerprint the files match, names the code; once a file
+    differs from the stamp, git answers again."""
+    import shutil
+    repo = _stamped_copy(tmp_path)
+    old = tmp_path / "old"
+    shutil.copytree(repo, old)   # its .git: the first commit
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    (repo / "a.py").write_text("x = 3\n")
+    subprocess.run(git + ["commit", "-qam", "two"], check=True)
+    saved = provenance.stamp(repo)
+    shutil.copy(repo / "a.py", old / "a.py")                 # the new files ...
+    shutil.copy(repo / provenance.STAMP, old / provenance.STAMP)   # ... and their stamp, beside the old .git
+    provenance.code_version.cache_clear()
+    try:
+        assert provenance.code_version(old) == (saved["git_commit"], False)
+        provenance.code_version.cache_clear()
+        (old / "a.py").write_text("x = 4\n")
+        commit, dirty = provenance.code_version(old)
+        assert commit != saved["git_commit"] and dirty is True   # git's answer: the old commit, changed
+    finally:
+        provenance.code_version.cache_clear()
