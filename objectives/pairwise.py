@@ -47,7 +47,8 @@ def neg_identity(m: int, like: torch.Tensor):
 
 def ramp_lp(d: torch.Tensor, epsilon: float, *, method: str = "lp", backward: str = "active_set",
             options: Mapping[str, Any] | None = None):
-    """Solve the pairwise LP for margins ``d [M]``; returns ``(z* [M], solution or None)``.
+    """Solve the pairwise LP for margins ``d [M]`` (or a batch ``[k, M]`` of k such LPs, one solve);
+    returns ``(z*`` of ``d``'s shape``, solution or None)``.
 
     ``method="closed_form"`` returns ``relu(epsilon - d)`` (the exact optimum; an oracle and a
     fast ablation), ``"lp"`` runs ``solver.solve_lp``.
@@ -55,7 +56,7 @@ def ramp_lp(d: torch.Tensor, epsilon: float, *, method: str = "lp", backward: st
     if method == "closed_form":
         return torch.relu(epsilon - d), None
     c = torch.ones_like(d)
-    sol = solve(c, neg_identity(d.numel(), d), d - epsilon, backward=backward, options=options)
+    sol = solve(c, neg_identity(d.shape[-1], d), d - epsilon, backward=backward, options=options)
     return sol.z, sol
 
 
@@ -135,6 +136,44 @@ class PairwiseRampLP(Objective):
         z = self.solve_pairs(d, when=has)
         counted = torch.relu(self.epsilon - z) / self.epsilon
         return torch.where(has, 1.0 - (w * counted).sum(), zero_loss(logits))
+
+    def pack_key(self):
+        """Hashable where several runs of a pack can solve their LPs as one batch
+        (:meth:`pack_forward`, called by :class:`packed.PackedStep`): the dense pair layout, whose
+        LP size depends on the batch shape alone, with the capture-safe solver, whose per-LP
+        masks keep the batched iterates equal to separate solves. Runs with equal keys solve
+        the same kind of LP; ``None``: this objective solves alone."""
+        if (getattr(self, "pair_layout", "masked") != "dense" or self.method != "lp"
+                or not self.solver_options.get("capture_safe")
+                or any(getattr(type(self), f) is not getattr(PairwiseRampLP, f)   # a subclass that solves
+                       for f in ("forward", "_dense_forward", "solve_pairs"))):   # or forms the loss its own way
+            return None
+        return (type(self), self.epsilon, self.backward, repr(sorted(self.solver_options.items())))
+
+    @staticmethod
+    def pack_forward(objectives: list["PairwiseRampLP"], logits: list[torch.Tensor],
+                     labels: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The losses of ``objectives[j](logits[j], labels[j])`` for runs with one
+        :meth:`pack_key`, with their k LPs solved as one batch ``[k, M]``: each run's pairs and
+        statistics as :meth:`_dense_forward` makes them (the solver's per-LP diagnostics go to
+        each run's own statistics), one solve. Equal to the separate calls
+        (``tests/test_packed_pack_forward.py``): the capture-safe solver masks each LP alone."""
+        first = objectives[0]
+        parts = []
+        for obj, x, y in zip(objectives, logits, labels):
+            x = lp_logits(x)
+            d, w, has = obj.dense_pairs(x, y)
+            obj.record(degenerate_batches=~has, empty_batches=~has)
+            obj.record_where(has, lp_pairs=(w > 0).sum())
+            parts.append((x, d, w, has))
+        z, sol = ramp_lp(torch.stack([p[1] for p in parts]), first.epsilon, method=first.method,
+                         backward=first.backward, options=first.solver_options)
+        losses = []
+        for j, (obj, (x, _, w, has)) in enumerate(zip(objectives, parts)):
+            obj.record_where(has, **{name: sol.instance_stats[key][j].float() for name, key in DEVICE_STATS})
+            counted = torch.relu(first.epsilon - z[j]) / first.epsilon
+            losses.append(torch.where(has, 1.0 - (w * counted).sum(), zero_loss(x)))
+        return losses
 
     def solve_pairs(self, d: torch.Tensor, when: torch.Tensor | None = None) -> torch.Tensor:
         """``z*`` of the pairwise LP for margins ``d``; the one hook a different LP solver

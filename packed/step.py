@@ -110,6 +110,11 @@ class PackedStep:
     #: is a sliver of a convolution-bound step, and the per-run ``torch.optim.SGD`` keeps the
     #: ``loop`` mode bitwise equal to separate runs (``tests/test_packed.py``)
     pack_update: bool | None = None
+    #: sync-free mode: runs whose objectives return one ``pack_key()`` (e.g. the dense,
+    #: capture-safe pairwise LPs: :meth:`objectives.pairwise.PairwiseRampLP.pack_key`) get their
+    #: losses from one ``pack_forward`` call, one batched LP instead of one LP per run; equal
+    #: to the per-run calls (``tests/test_packed_pack_forward.py``). ``False``: one call per run
+    batch_losses: bool = True
     _frozen_mask: tuple | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -242,6 +247,24 @@ class PackedStep:
             self._frozen_mask = (frozen, torch.tensor([i in frozen for i in range(self.packed.n)], device=device))
         return self._frozen_mask[1]
 
+    def _losses(self, logits: torch.Tensor, y: torch.Tensor, live: list[int]) -> dict[int, torch.Tensor]:
+        """Each live run's loss: runs whose objectives share a ``pack_key()`` (two or more) through
+        one ``pack_forward`` of their objective class, the others one call each."""
+        out: dict[int, torch.Tensor] = {}
+        groups: dict = {}
+        for i in live:
+            key = self.objectives[i].pack_key() if self.batch_losses and hasattr(self.objectives[i], "pack_key") else None
+            if key is None:
+                out[i] = self.objectives[i](logits[i], y[i])
+            else:
+                groups.setdefault(key, []).append(i)
+        for idx in groups.values():
+            objs = [self.objectives[i] for i in idx]
+            values = type(objs[0]).pack_forward(objs, [logits[i] for i in idx], [y[i] for i in idx]) \
+                if len(idx) > 1 else [objs[0](logits[idx[0]], y[idx[0]])]
+            out.update(zip(idx, values))
+        return out
+
     def _step_sync_free(self, x: torch.Tensor, y: torch.Tensor, step: int, schedule: bool = True) -> StepOutput:
         """:meth:`step` without a host sync (see the module docstring). Frozen runs are known on
         the host (from :meth:`poll`) and masked on the device by a mask built at the poll."""
@@ -260,8 +283,8 @@ class PackedStep:
         dtype = torch.promote_types(logits.dtype, torch.float32)   # bf16 logits: float32 losses
         nan = torch.full((), math.nan, dtype=dtype, device=dev)
         live = [i for i in range(n) if i not in frozen]
-        losses = torch.stack([self.objectives[i](safe[i], y[i]).to(dtype) if i not in frozen else nan
-                              for i in range(n)])                                   # [N]
+        per_run = self._losses(safe, y, live)
+        losses = torch.stack([per_run[i].to(dtype) if i not in frozen else nan for i in range(n)])   # [N]
         ok = ok_scores & torch.isfinite(losses) & ~frozen_mask
         first = ~ok & ~frozen_mask & (self.pending[:, 0] == 0)
         loss_code = torch.where(torch.isnan(losses), 1, torch.where(losses > 0, 2, 3))

@@ -7,8 +7,9 @@
 #      ran gave graph = eager within GRAPH_TOL on losses and parameters (one that failed there
 #      fails the campaign's probe too, and its runs are skipped), else eager steps
 #                                          -> machine.txt, plan.json, runs.jsonl.gz, campaign.log
-#   3. scripts/time_capture_lp.py: the batch-64 AUC LP, standard and capture-safe, fwd + bwd
-#                                          -> time_capture_lp.jsonl
+#   3. scripts/time_capture_lp.py: the batch-64 AUC LP, standard and capture-safe, fwd + bwd; then
+#      scripts/time_pack_lp.py --graph: k runs' LPs one by one vs one batched LP
+#                                          -> time_capture_lp.jsonl (both scripts' lines)
 # plus window.log (this script's decisions). Seven files under OUT: all come back.
 #
 #   (here, before: python scripts/campaign.py status   # names the data pack;  python provenance.py stamp)
@@ -48,7 +49,8 @@ log "campaign exit status $?"
 
 if [ "$TIMING_S" -gt 0 ]; then
   log "3. batch-64 AUC LP timing (timeout ${TIMING_S} s)"
-  (cd "$ROOT" && timeout --signal=TERM "$TIMING_S" $PY scripts/time_capture_lp.py --device "$DEV" \
-      --repeats 30 --rounds 5) > "$OUT/time_capture_lp.jsonl" 2>> "$OUT/window.log"
+  (cd "$ROOT" && timeout --signal=TERM "$TIMING_S" bash -c "$PY scripts/time_capture_lp.py --device $DEV \
+      --repeats 30 --rounds 5; $PY scripts/time_pack_lp.py --device $DEV --k 1 2 4 8 --graph") \
+      > "$OUT/time_capture_lp.jsonl" 2>> "$OUT/window.log"
   log "timing exit status $?"
 fi

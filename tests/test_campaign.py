@@ -262,6 +262,8 @@ def test_gpu_window_sh_end_to_end_on_the_cpu(queue_dir, tmp_path):
     plan = json.loads((out / "plan.json").read_text())
     assert set(plan["outcome"].values()) == {f"done at step {STEPS}"}
     assert plan["speed"]["graph_ce"] is False   # no graph on the CPU: the probe timed the eager step
-    paths = [json.loads(line)["path"] for line in (out / "time_capture_lp.jsonl").read_text().splitlines()]
-    assert paths == ["standard", "capture_safe"]
+    lines = [json.loads(line) for line in (out / "time_capture_lp.jsonl").read_text().splitlines()]
+    assert [r["path"] for r in lines if "path" in r] == ["standard", "capture_safe"]
+    assert {(r["k"], r["variant"]) for r in lines if "k" in r} == {(k, v) for k in (1, 2, 4, 8)
+                                                                   for v in ("separate", "batched")}
     assert campaign_fold.fold([out], folded_copy(queue_dir, tmp_path), log=lambda m: None)["done"] == 2

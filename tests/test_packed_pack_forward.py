@@ -1,0 +1,95 @@
+"""One batched LP for the pairwise-LP runs of a pack (``PackedStep(batch_losses=True)``,
+``PairwiseRampLP.pack_key`` / ``pack_forward``): the campaign's ``auc_lp`` packs on CUDA solved one
+LP per run, one after another (the H100 window of 2026-11-27: each ``auc_lp`` run added ~4.9 ms to
+a graphed pack step). The oracle is the per-run call, in float64 on the CPU: losses, gradients,
+the statistics each run records, and a pack trained with and without batching."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from models.mlp import MLP
+from objectives.auc import AUCLoss
+from objectives.auc_ova import AUCOneVsAllLoss
+from objectives.ce import CrossEntropy
+from objectives.common import labels_checked
+from packed import PackedStep, pack, param_groups
+
+SHAPE = [3, 4, 4]
+
+
+def dense(eps=0.01, **kw):
+    obj = AUCLoss(method="lp", epsilon=eps, **kw).capture_safe_form()
+    assert obj is not None and obj.pair_layout == "dense"
+    return obj.double()
+
+
+def batch(seed: int, b: int = 12, one_class: bool = False):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(b, 2, generator=g, dtype=torch.float64)
+    y = torch.zeros(b, dtype=torch.long) if one_class else (torch.rand(b, generator=g) < 0.6).long()
+    return x, y
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_pack_forward_equals_the_separate_calls(seed):
+    objs = [dense() for _ in range(4)]
+    twins = copy.deepcopy(objs)
+    data = [batch(10 * seed + j, one_class=(j == 2)) for j in range(4)]   # run 2: no pair at all
+    xs = [x.clone().requires_grad_() for x, _ in data]
+    xt = [x.clone().requires_grad_() for x, _ in data]
+    with labels_checked():
+        together = type(objs[0]).pack_forward(objs, xs, [y for _, y in data])
+        alone = [o(x, y) for o, x, (_, y) in zip(twins, xt, data)]
+    torch.stack(together).sum().backward()
+    torch.stack(alone).sum().backward()
+    for a, b_ in zip(together, alone):
+        assert torch.equal(a, b_)
+    for a, b_ in zip(xs, xt):
+        assert torch.equal(a.grad, b_.grad)
+    for o, t in zip(objs, twins):
+        assert o.pop_stats() == t.pop_stats()
+    assert float(together[2].detach()) == 0.0
+
+
+def test_only_runs_that_can_share_one_lp_get_a_key():
+    base = dense()
+    assert base.pack_key() == dense().pack_key() is not None
+    assert dense(eps=0.1).pack_key() != base.pack_key()                       # another LP
+    assert AUCLoss(method="lp").pack_key() is None                            # masked layout: M varies
+    assert AUCLoss(method="closed_form").pack_key() is None
+    ova = AUCOneVsAllLoss(num_classes=3).capture_safe_form()
+    assert ova is None or ova.pack_key() != base.pack_key()                   # another class
+
+
+def build(objectives, batch_losses: bool):
+    torch.manual_seed(0)
+    nets = [MLP(2, SHAPE, hidden=[8]).double() for _ in objectives]
+    packed = pack(nets)
+    opts = [torch.optim.SGD(param_groups(m, o), lr=0.1, momentum=0.9) for m, o in zip(packed.models, objectives)]
+    return packed, PackedStep(packed, objectives, opts, [None] * len(objectives), sync_free=True,
+                              batch_losses=batch_losses)
+
+
+def test_a_pack_trains_the_same_with_one_batched_lp(monkeypatch):
+    objectives = [dense(), dense(), CrossEntropy().double(), dense(), dense(eps=0.1)]
+    calls = []
+    real = AUCLoss.pack_forward
+    monkeypatch.setattr(AUCLoss, "pack_forward", staticmethod(lambda o, x, y: calls.append(len(o)) or real(o, x, y)))
+    runs = {flag: build(copy.deepcopy(objectives), flag) for flag in (True, False)}
+    g = torch.Generator().manual_seed(3)
+    with labels_checked():
+        for step in range(4):
+            x = torch.randn(5, 10, *SHAPE, generator=g, dtype=torch.float64)
+            y = (torch.rand(5, 10, generator=g) < 0.5).long()
+            y[1] = 1 if step == 2 else y[1]   # a batch without negatives in one LP run
+            outs = {flag: st.step(x, y, step).losses for flag, (_, st) in runs.items()}
+            assert torch.equal(outs[True], outs[False])
+    assert calls == [3] * 4   # runs 0, 1, 3 share one LP per step; run 4 (another eps) and ce alone
+    (pa, sa), (pb, sb) = runs[True], runs[False]
+    for k in pa.params:
+        assert torch.equal(pa.params[k], pb.params[k])
+    for oa, ob in zip(sa.objectives, sb.objectives):
+        assert oa.pop_stats() == ob.pop_stats()
