@@ -186,8 +186,12 @@ def measure_each(cfg, overrides, device, n: int, args, objectives: list[str], ex
 
 
 def read_speed(path: Path) -> dict:
-    """A probe's speed JSON, or a rates file (``rates.json``: its low end, the CUDA-graph rates)."""
+    """A probe's speed JSON, or a rates file (``rates.json``: a window's probe; an older one's
+    ``ms_per_run_step`` ranges: their low end)."""
     data = json.loads(path.read_text())
+    if "speed" in data:   # the committed rates: a window's probe (campaign_status.speed_of)
+        import campaign_status
+        return {**campaign_status.speed_of(data), "from": str(path)}
     if "ms_per_run_step" not in data:
         return data
     return {**{f"step_ms_per_run_{k}": v[0] for k, v in data["ms_per_run_step"].items()},
@@ -280,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
         r.add_argument("--device", default="auto")
         r.add_argument("--dataset", help="plan this dataset's entries (default: the first pending entry's)")
         r.add_argument("--speed", help="instead of a probe: a speed JSON (gpu_tables.measure's keys) or a "
-                       "rates file (results/paper_tables/rates.json: its low end)")
+                       "rates file (results/paper_tables/rates.json)")
         r.add_argument("--probe-n", type=int, default=8,
                        help="pack size of the speed probe (with a pack of 1: see campaign.pack_cost)")
         r.add_argument("--probe-reps", type=int, default=3)

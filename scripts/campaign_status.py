@@ -1,12 +1,15 @@
 """``campaign.py status [--windows]``: how far each table is, and the device commands it still needs.
 
-The rates (``results/paper_tables/rates.json``) are committed measurements, not a probe: ms per
-run-step per objective as a (low, high) range, seconds per evaluation, the command budget and the
-planner's margin. Objectives without a rate are counted, not priced.
+The rates (``results/paper_tables/rates.json``) are a committed probe, not a new one: the speed
+dict a window's probe wrote (``windows/<run id>/plan.json`` ``speed``: ms per step of a pack of
+one and per run in a pack of ``pack_n``, per objective, and ms per evaluation), the command
+budget, the planner's margin, and the objectives priced by assumption. The commands still needed
+are counted by running the planner itself on the pending runs (:func:`windows`): a run starts and
+finishes inside one command, so a pack's step time bounds how many runs share a command.
+Objectives without a rate are counted, not priced.
 """
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import campaign_queue
@@ -14,20 +17,45 @@ from campaign_cells import TERMINAL, read_json
 from campaign_fold import RATES
 
 
+def speed_of(rates: dict) -> dict:
+    """The probe-format speed dict of ``rates`` with the assumed objectives priced as their
+    stand-in (``assume``: ``{objective: measured objective}``)."""
+    speed = dict(rates["speed"])
+    for obj, like in rates.get("assume", {}).items():
+        for kind in ("step_ms_per_run_", "step_ms_solo_"):
+            if f"{kind}{like}" in speed:
+                speed[f"{kind}{obj}"] = speed[f"{kind}{like}"]
+        if like in speed.get("families", {}):
+            speed.setdefault("families", {})[obj] = speed["families"][like]
+    return speed
+
+
 def windows(entries: list[dict], rates: dict) -> dict:
-    """Hours of device time and device commands still needed for ``entries``: (low, high) each."""
+    """Device hours and commands still needed for ``entries``, as the planner would take them:
+    one dataset per command (the first pending one's), whole blocks then single runs in queue
+    order while they fit ``margin * budget_s`` (:func:`campaign.choose`, priced by
+    :func:`campaign.pack_cost`), until every priced run is placed or the rest fit no command."""
+    from campaign import choose, pack_cost   # late: campaign imports this module's neighbours
+    speed = speed_of(rates)
+    cost_of = pack_cost(speed, rates["eval_every"])
     usable = rates["budget_s"] * rates["margin"]
-    total, unpriced = [0.0, 0.0], {}
+    priced = [e for e in entries if f"step_ms_per_run_{e['objective']}" in speed]
+    unpriced: dict[str, int] = {}
     for e in entries:
-        ms = rates["ms_per_run_step"].get(e["objective"])
-        if ms is None:
+        if e not in priced:
             unpriced[e["objective"]] = unpriced.get(e["objective"], 0) + 1
-            continue
-        n_eval = math.ceil(e["steps"] / rates["eval_every"])
-        for i in (0, 1):
-            total[i] += e["steps"] * ms[i] / 1000 + n_eval * rates["eval_s"]
-    return {"runs": len(entries), "hours": [round(t / 3600, 1) for t in total],
-            "windows": [math.ceil(t / usable) for t in total], "unpriced": unpriced}
+    todo, commands, seconds = list(priced), 0, 0.0
+    while todo:
+        dataset = todo[0]["where"]["dataset.name"] if "where" in todo[0] else None
+        mine = [e for e in todo if dataset is None or e["where"]["dataset.name"] == dataset]
+        kept, cost = choose(mine, cost_of, usable)
+        if not kept:
+            break
+        commands, seconds = commands + 1, seconds + cost
+        ids = {id(e) for e in kept}
+        todo = [e for e in todo if id(e) not in ids]
+    return {"runs": len(entries), "hours": round(seconds / 3600, 1), "seconds": round(seconds, 1), "windows": commands,
+            "unfit": len(todo), "unpriced": unpriced}
 
 
 def status(folder: Path, with_windows: bool = False) -> str:
@@ -61,12 +89,11 @@ def windows_table(todo: list[dict], tables: list[str], rates: dict) -> list[str]
     parts = [(f"first cell ({first_cell})", [e for e in todo if e["block"].rsplit("/seed=", 1)[0] == first_cell])]
     parts += [(t, [e for e in todo if t in e["tables"]]) for t in tables] + [("all pending", todo)]
     out = [f"Device commands still needed at {rates['source']}: each of {rates['budget_s']:g} s, "
-           f"{rates['margin']:g} of it planned; low = {rates['sources']['low']}; high = {rates['sources']['high']}; "
-           f"{rates['sources']['assumed']}.", "",
-           "| runs of | pending | priced | device hours | commands |", "|---|---:|---:|---:|---:|"]
+           f"{rates['margin']:g} of it planned, as the planner packs them; {rates['note']}", "",
+           "| runs of | pending | priced | device hours (training) | commands | fit no command |",
+           "|---|---:|---:|---:|---:|---:|"]
     for what, entries in parts:
         w = windows(entries, rates)
         priced = w["runs"] - sum(w["unpriced"].values())
-        out.append(f"| {what} | {w['runs']} | {priced} | {w['hours'][0]}-{w['hours'][1]} | "
-                   f"{w['windows'][0]}-{w['windows'][1]} |")
+        out.append(f"| {what} | {w['runs']} | {priced} | {w['hours']} | {w['windows']} | {w['unfit']} |")
     return out

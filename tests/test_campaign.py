@@ -207,13 +207,22 @@ def test_make_tables_renders_pending_cells_from_the_queue(queue_dir, returned, t
     assert "| ce | " in out and "(n=1)" in out and "code versions: " in out
 
 
-def test_windows_prices_pending_runs_at_the_committed_rates():
+def test_windows_counts_the_commands_the_planner_would_fill():
     import campaign_status
-    rates = {"budget_s": 100, "margin": 0.5, "eval_every": 1000, "eval_s": 1.0, "ms_per_run_step": {"ce": [2.0, 3.0]}}
-    entries = [{"objective": "ce", "steps": 40000}] * 3 + [{"objective": "f1_cvxpy", "steps": 40000}]
-    # a ce run: 80 s of steps + 40 evaluations (low), 120 s + 40 (high); 3 runs 360 / 480 s; 50 s per command
-    assert campaign_status.windows(entries, rates) == {"runs": 4, "hours": [0.1, 0.1], "windows": [8, 10],
-                                                       "unpriced": {"f1_cvxpy": 1}}
+    # ce: 2.0 ms a step alone, 1.0 per run in a pack of 4 -> a step of a pack of N: 4/3 + 2N/3 ms
+    rates = {"budget_s": 100, "margin": 0.5, "eval_every": 1000, "assume": {"ce_twin": "ce"},
+             "speed": {"pack_n": 4, "step_ms_per_run_ce": 1.0, "step_ms_solo_ce": 2.0, "eval_ms": 100.0,
+                       "families": {"ce": "SGD"}}}
+
+    def entry(obj, steps=10000, block="b"):
+        return {"objective": obj, "steps": steps, "block": block, "where": {"dataset.name": "d"}}
+    # N runs of 10k steps: 13.3 + 6.7 N s of steps + N s of evaluations <= 50 s -> 4 per command
+    entries = [entry("ce") for _ in range(5)] + [entry("f1_cvxpy"), entry("ce_twin", block="c"), entry("ce", 100000, "z")]
+    w = campaign_status.windows(entries, rates)
+    assert w["windows"] == 2 and w["unfit"] == 1 and w["unpriced"] == {"f1_cvxpy": 1}
+    # 4 runs: 13.3 + 26.7 + 4 s; then ce with ce_twin (its stand-in's family: one pack): 13.3 + 13.3 + 2 s
+    assert w["runs"] == 8 and w["seconds"] == pytest.approx(44.0 + 28.7, abs=0.1)
+    assert campaign_status.windows([entry("ce") for _ in range(4)], rates)["windows"] == 1
 
 
 def test_the_committed_queue_starts_with_the_cifar10_91_percent_cell_and_is_consistent():
