@@ -192,8 +192,8 @@ def read_speed(path: Path) -> dict:
     if "speed" in data:   # the committed rates: a window's probe (campaign_status.speed_of)
         import campaign_status
         return {**campaign_status.speed_of(data), "from": str(path)}
-    if "ms_per_run_step" not in data:
-        return data
+    if "ms_per_run_step" not in data:   # a probe's speed dict (e.g. a previous command's plan.json "speed")
+        return {**data, "from": str(path)}
     return {**{f"step_ms_per_run_{k}": v[0] for k, v in data["ms_per_run_step"].items()},
             "eval_ms": 1000 * data["eval_s"], "from": str(path)}
 

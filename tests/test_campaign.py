@@ -276,3 +276,13 @@ def test_gpu_window_sh_end_to_end_on_the_cpu(queue_dir, tmp_path):
     assert {(r["k"], r["variant"]) for r in lines if "k" in r} == {(k, v) for k in (1, 2, 4, 8)
                                                                    for v in ("separate", "batched")}
     assert campaign_fold.fold([out], folded_copy(queue_dir, tmp_path), log=lambda m: None)["done"] == 2
+    # a second command on the same machine: no graph check, the first command's probe as SPEED
+    (tmp_path / "speed.json").write_text(json.dumps(plan["speed"]))
+    again = {**env, "OUT": str(tmp_path / "out2"), "CHECK_S": "0", "CUDA_GRAPH": "1", "TIMING_S": "0",
+             "SPEED": str(tmp_path / "speed.json")}
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_window.sh")], env=again, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "no graph check (CHECK_S=0): CUDA_GRAPH=1" in (tmp_path / "out2" / "window.log").read_text()
+    plan2 = json.loads((tmp_path / "out2" / "plan.json").read_text())
+    assert plan2["speed"]["from"].endswith("speed.json") and set(plan2["outcome"].values()) == {f"done at step {STEPS}"}
