@@ -13,9 +13,11 @@ A copy of the code without its ``.git`` (the tree a lent GPU machine receives) n
 through a stamp written beside this file before the copy leaves: ``python provenance.py stamp``
 writes ``.code_version.json`` (git-ignored; carry it into the device call). The stamp also holds a
 fingerprint of the tracked files outside the output folders (their paths and contents); where the
-files here still match it, the stamp names the code, whatever a ``.git`` beside them says (a lent
-machine's copy of ``.git`` can lag the tree it received: the first H100 campaign window's runs
-recorded an older commit, "dirty", for a tree that was a later commit, clean). A stamp whose files
+files here still match it and the ``.git`` beside them (if any) has never seen the stamped commit,
+the stamp names the code (a lent machine's copy of ``.git`` can lag the tree it received: the first
+H100 campaign window's runs recorded an older commit, "dirty", for a tree that was a later commit,
+clean); a checkout that has the stamped commit answers through git, so a stamp left behind by
+later commits does not. A stamp whose files
 no longer match is used only where git cannot answer, as its commit with changes (dirty). The repository is the one holding this file (the code that ran), not the working directory a
 run was launched from. Untracked files under ``results/``, ``outputs/`` and ``multirun/`` do not
 make the tree dirty: runs write there while the code is unchanged. The git part is read once per
@@ -52,7 +54,7 @@ def _git(folder: Path, *args: str) -> str | None:
     """``git -C folder args`` stdout, or ``None`` when git is missing, fails or hangs."""
     try:
         proc = subprocess.run(["git", "-C", str(folder), *args], capture_output=True, text=True,
-                              timeout=30, check=True)
+                              errors="surrogateescape", timeout=30, check=True)   # any file name
     except (OSError, subprocess.SubprocessError):   # no git binary, not a repository, timeout
         return None
     return proc.stdout
@@ -92,7 +94,7 @@ def fingerprint(folder: Path, paths: list[str]) -> str | None:
             data = (Path(folder) / rel).read_bytes()
         except OSError:
             return None
-        h.update(rel.encode() + b"\0" + hashlib.sha256(data).digest())
+        h.update(os.fsencode(rel) + b"\0" + hashlib.sha256(data).digest())
     return h.hexdigest()
 
 
@@ -111,15 +113,23 @@ def _stamp_version(folder: Path) -> tuple[str, bool | None, bool] | None:
     return commit, dirty, same
 
 
+def _git_has(folder: Path, commit: str) -> bool:
+    """Whether the repository holding ``folder`` has ``commit`` (a checkout that has it is not stale)."""
+    return _git(folder, "cat-file", "-e", f"{commit}^{{commit}}") is not None
+
+
 @functools.lru_cache(maxsize=None)
 def code_version(folder: Path = CODE_DIR) -> tuple[str, bool | None]:
-    """``(commit, dirty)`` of the code in ``folder``: the stamp (``python provenance.py stamp``) where
-    the files still match it; else git; else the stamp as its commit with changes (an older
-    stamp, without fingerprint: as it says); ``("unknown", None)`` when nothing answers."""
+    """``(commit, dirty)`` of the code in ``folder``: git, unless git cannot answer or its
+    repository has never seen the stamped commit (a stale copy of ``.git``) while the files
+    still match the stamp (``python provenance.py stamp``): then the stamp; with no git and a
+    stamp the files do not match, the stamp's commit with changes (an older stamp, without
+    fingerprint: as it says); ``("unknown", None)`` when nothing answers. (Files added after the
+    stamp are not seen where the stamp answers.)"""
     saved = _stamp_version(Path(folder))
-    if saved is not None and saved[2]:
-        return saved[0], saved[1]
     commit, dirty = _git_version(folder)
+    if saved is not None and saved[2] and (commit == UNKNOWN or not _git_has(folder, saved[0])):
+        return saved[0], saved[1]   # no git, or a .git that has never seen the stamped commit: stale
     if commit != UNKNOWN or saved is None or saved[0] == UNKNOWN:
         return commit, dirty
     has_fingerprint = "fingerprint" in json.loads((Path(folder) / STAMP).read_text())

@@ -68,6 +68,7 @@ import gc
 import logging
 import statistics
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -209,6 +210,8 @@ def train_packed(jobs: list[Job], max_pack: int | None = None, deadline: float |
             oom = str(err)
         except Exception as err:   # noqa: BLE001 -- this pack's runs fail, the other packs still run
             log.exception(f"packed launcher: a pack of {len(p)} run(s) failed: {type(err).__name__}: {err}")
+            traceback.clear_frames(err.__traceback__)   # its frames hold the pack (device memory)
+            err.__traceback__ = None
             for j in p:
                 outcomes[order[j]] = err
         _release(pack_members)   # outside the except block: its traceback holds the pack

@@ -20,7 +20,7 @@ from campaign_fold import RATES
 def speed_of(rates: dict) -> dict:
     """The probe-format speed dict of ``rates`` with the assumed objectives priced as their
     stand-in (``assume``: ``{objective: measured objective}``)."""
-    speed = dict(rates["speed"])
+    speed = {**rates["speed"], "families": dict(rates["speed"].get("families", {}))}
     for obj, like in rates.get("assume", {}).items():
         for kind in ("step_ms_per_run_", "step_ms_solo_"):
             if f"{kind}{like}" in speed:

@@ -30,6 +30,9 @@
 set -u
 . "$(dirname "$0")/device_env.sh"   # OUT, PY, ROOT, wheels on PYTHONPATH
 CHECK_S=${CHECK_S:-45}; TIMING_S=${TIMING_S:-40}; GRAPH_TOL=${GRAPH_TOL:-1e-5}; DEV=${DEVICE:-cuda}
+for v in CHECK_S TIMING_S; do
+  case ${!v} in ''|*[!0-9]*) echo "gpu_window.sh: $v=${!v}: whole seconds, e.g. $v=45 (0 skips the step)"; exit 2;; esac
+done
 set -f; read -r -a check_args <<< "${CHECK_ARGS:-}"; set +f
 log() { echo "[window $(date -u +%H:%M:%S)] $*" | tee -a "$OUT/window.log"; }
 
@@ -49,19 +52,27 @@ EOF
 )
 log "graph check passed: ${graph:-0} (tolerance $GRAPH_TOL)"
 else   # a second command on the same warm machine: the first one's check stands (CUDA_GRAPH as given)
-graph=${CUDA_GRAPH:-0}
+case ${CUDA_GRAPH:-0} in 0|false|no|'') graph=0;; *) graph=1;; esac   # gpu_campaign.sh: any value = on
 log "1. no graph check (CHECK_S=0): CUDA_GRAPH=$graph as given"
 fi
 
 log "2. campaign (BUDGET=${BUDGET:-450}, CUDA_GRAPH=${graph:-0})"
 if [ "${graph:-0}" = 1 ]; then export CUDA_GRAPH=1; else unset CUDA_GRAPH; fi
 BUDGET=${BUDGET:-450} bash "$ROOT/scripts/gpu_campaign.sh"
-log "campaign exit status $?"
+rc=$?
+log "campaign exit status $rc"
 
 if [ "$TIMING_S" -gt 0 ]; then
   log "3. batch-64 AUC LP timing (timeout ${TIMING_S} s)"
-  (cd "$ROOT" && timeout --signal=TERM "$TIMING_S" bash -c "$PY scripts/time_capture_lp.py --device $DEV \
-      --repeats 30 --rounds 5; $PY scripts/time_pack_lp.py --device $DEV --k 1 2 4 8 --graph") \
-      > "$OUT/time_capture_lp.jsonl" 2>> "$OUT/window.log"
-  log "timing exit status $?"
+  end=$(( $(date +%s) + TIMING_S ))
+  (cd "$ROOT" && timeout --signal=TERM "$TIMING_S" $PY scripts/time_capture_lp.py --device "$DEV" \
+      --repeats 30 --rounds 5) > "$OUT/time_capture_lp.jsonl" 2>> "$OUT/window.log"
+  log "time_capture_lp.py exit status $?"
+  left=$(( end - $(date +%s) ))
+  if [ "$left" -gt 0 ]; then
+    (cd "$ROOT" && timeout --signal=TERM "$left" $PY scripts/time_pack_lp.py --device "$DEV" --k 1 2 4 8 \
+        --graph) >> "$OUT/time_capture_lp.jsonl" 2>> "$OUT/window.log"
+    log "time_pack_lp.py exit status $?"
+  fi
 fi
+exit "$rc"   # the campaign's: the timings are extras

@@ -221,8 +221,12 @@ def test_a_pack_that_fails_while_training_fails_its_runs_and_the_next_pack_still
     from packed.step import PackedStep
     real = PackedStep.step
 
+    import weakref
+    held = []
+
     def step(self, x, y, i):
         if any(o.__class__.__name__ == "AUCLoss" for o in self.objectives):
+            held.append(weakref.ref(self.packed))
             raise RuntimeError("NYI: simulated")
         return real(self, x, y, i)
     monkeypatch.setattr(PackedStep, "step", step)
@@ -230,7 +234,10 @@ def test_a_pack_that_fails_while_training_fails_its_runs_and_the_next_pack_still
     jobs = [Job(compose_cfg([*short, "objective=ce"]), tmp_path / "ce", name="ce"),
             Job(compose_cfg([*short, "objective=auc_lp", "seed=1"]), tmp_path / "lp", name="lp")]
     with caplog.at_level("ERROR"):
-        ce, lp = train_packed(jobs, max_pack=1)
+        lp, ce = train_packed(jobs[::-1], max_pack=1)   # the failing pack first
+    import gc
+    gc.collect()
+    assert held[0]() is None   # the failed pack's models are gone: its error keeps no frames
     assert ce["final"]["step"] == 2
     assert isinstance(lp, RuntimeError) and "NYI: simulated" in str(lp)
     assert "a pack of 1 run(s) failed: RuntimeError: NYI: simulated" in caplog.text

@@ -149,3 +149,32 @@ def test_a_stale_git_copy_does_not_overrule_a_matching_stamp(tmp_path):
         assert commit != saved["git_commit"] and dirty is True   # git's answer: the old commit, changed
     finally:
         provenance.code_version.cache_clear()
+
+
+def test_a_stamp_left_behind_by_later_commits_does_not_overrule_git(tmp_path):
+    """Stamp, then commit (the usual order here): the checkout has the stamped commit, so git
+    answers (the new HEAD, clean), even though the files still match the stamp."""
+    repo = _stamped_copy(tmp_path)
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    (repo / "b.py").write_text("y = 1\n")
+    provenance.stamp(repo)                       # dirty: b.py is new
+    subprocess.run(git + ["add", "b.py"], check=True)
+    subprocess.run(git + ["commit", "-qm", "two"], check=True)
+    head = subprocess.run(git + ["rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    provenance.code_version.cache_clear()
+    try:
+        assert provenance.code_version(repo) == (head, False)
+    finally:
+        provenance.code_version.cache_clear()
+
+
+def test_a_file_name_that_is_not_utf8_can_be_stamped(tmp_path):
+    import os
+    repo = _stamped_copy(tmp_path)
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    name = os.fsdecode(b"odd\xff.py")
+    (repo / name).write_text("z = 1\n")
+    subprocess.run(git + ["add", name], check=True)
+    subprocess.run(git + ["commit", "-qm", "odd"], check=True)
+    saved = provenance.stamp(repo)
+    assert saved["files"] == 2 and saved["git_dirty"] is False   # a.py and the odd name
