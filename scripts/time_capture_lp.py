@@ -4,7 +4,8 @@ process (interleaved rounds, median of each); on CUDA also the capture-safe step
 CUDA graph (``torch.cuda.graph``) and replayed.  ``--compile`` adds the capture-safe step
 compiled by inductor (``torch.compile(fullgraph=True)``, which only the capture-safe path allows:
 the standard one breaks the graph at every host check), and on CUDA that compiled step captured
-in a CUDA graph too.  The CUDA rows are written but were not run when this script was committed.
+in a CUDA graph too.  Run on an H100 without ``--compile`` on 2026-11-27 (``results/solver/README.md``
+section 11); the compiled rows not yet on a GPU.
 
     OMP_NUM_THREADS=1 python scripts/time_capture_lp.py [--device cuda] [--batch 64] [--compile]
 
