@@ -69,32 +69,52 @@ def multipliers(prob, zp, eps):
 
 
 @torch.no_grad()
-def kkt_measures(prob, z, uA, uz, uE):
+def primal_measures(prob, z):
+    """The parts of :func:`kkt_measures` that depend on ``z`` alone (:func:`primal_terms`): one
+    computation for every multiplier candidate of the same ``z`` (:func:`_certify`)."""
     rA, rE = prob.residuals(z)
+    return primal_terms(TORCH, z, rA, rE, prob.c, prob.h_scale, prob.c_norm)
+
+
+@torch.no_grad()
+def kkt_measures(prob, z, uA, uz, uE, primal=None):
+    """``(primal_inf, dual_res, gap, value)`` of ``z`` with multipliers ``(uA, uz, uE)``;
+    ``primal``: :func:`primal_measures` of this ``z`` when the caller has it."""
+    if primal is None:
+        primal = primal_measures(prob, z)
     stat = prob.c + prob.A.rmatvec(uA) - uz
     if uE is not None:
         stat = stat + prob.A_eq.rmatvec(uE)
-    return kkt_terms(TORCH, z, uA, uz, uE, rA, rE, stat, prob.c, prob.b, prob.b_eq,
-                     prob.h_scale, prob.c_norm)
+    return kkt_terms(TORCH, z, uA, uz, uE, None, None, stat, prob.c, prob.b, prob.b_eq,
+                     prob.h_scale, prob.c_norm, primal=primal)
 
 
-def kkt_terms(xp, z, uA, uz, uE, rA, rE, stat, c, b, b_eq, h_scale, c_norm):
-    """``(primal_inf, dual_res, gap, value)`` from the residuals ``rA = A z - b``,
-    ``rE = A_eq z - b_eq`` and the stationarity residual ``stat = c + A^T uA - uz + A_eq^T uE``;
-    ``xp``: ``TORCH`` or ``NUMPY`` (:mod:`solver.square_active` certifies on the host)."""
-    # max(0, max_i rA_i, max_j -z_j) and max(0, max_i -uA_i, max_j -uz_j) in one reduction each
+def primal_terms(xp, z, rA, rE, c, h_scale, c_norm):
+    """``(primal_inf, value, gap_scale)``: the terms of :func:`kkt_terms` that do not depend on
+    the multipliers."""
+    # max(0, max_i rA_i, max_j -z_j) in one reduction
     inf = xp.clip0(xp.amax(xp.cat([rA, -z], -1), -1)) + 0.0   # + 0.0: no -0.0
     if rE is not None:
         inf = xp.maximum(inf, xp.amax(abs(rE), -1))
-    primal_inf = inf / h_scale
+    value = (c * z).sum(-1)
+    # the gap is scaled by the size of the terms that cancel in it
+    return inf / h_scale, value, 1 + abs(value) + c_norm * xp.amax(abs(z), -1)
+
+
+def kkt_terms(xp, z, uA, uz, uE, rA, rE, stat, c, b, b_eq, h_scale, c_norm, primal=None):
+    """``(primal_inf, dual_res, gap, value)`` from the residuals ``rA = A z - b``,
+    ``rE = A_eq z - b_eq`` and the stationarity residual ``stat = c + A^T uA - uz + A_eq^T uE``;
+    ``xp``: ``TORCH`` or ``NUMPY`` (:mod:`solver.square_active` certifies on the host);
+    ``primal``: :func:`primal_terms` of this ``z`` (then ``rA``, ``rE`` are not read)."""
+    primal_inf, value, gap_scale = primal if primal is not None else \
+        primal_terms(xp, z, rA, rE, c, h_scale, c_norm)
     dual_obj = -(b * uA).sum(-1)
     if uE is not None:
         dual_obj = dual_obj - (b_eq * uE).sum(-1)
+    # max(0, max_i -uA_i, max_j -uz_j) in one reduction
     neg = xp.clip0(-xp.amin(xp.cat([uA, uz], -1), -1)) + 0.0
     dual_res = xp.maximum(xp.amax(abs(stat), -1), neg) / (1 + c_norm)
-    value = (c * z).sum(-1)
-    # scale the gap by the size of the terms that cancel in it
-    gap = abs(value - dual_obj) / (1 + abs(value) + c_norm * xp.amax(abs(z), -1))
+    gap = abs(value - dual_obj) / gap_scale
     return primal_inf, dual_res, gap, value
 
 
@@ -136,7 +156,8 @@ def _certify(prob, z, system, pen_u, accept_tol, method, fixed=False):
     ``fixed`` (:mod:`solver.capture`): every candidate is computed and the "stop once the whole
     batch passes" test is a device mask instead of a host branch (same result)."""
     u = _least_norm_dual(prob, system)
-    best = [*u, *kkt_measures(prob, z, *u)]
+    primal = primal_measures(prob, z)   # the same z for every candidate
+    best = [*u, *kkt_measures(prob, z, *u, primal=primal)]
     best_kkt = _kkt(best[3:6])
     candidates = [] if pen_u is None else [lambda: pen_u, lambda: _least_norm_dual(
         prob, NewtonSystem(prob, (pen_u[0] > 0).to(z.dtype), (pen_u[1] > 0).to(z.dtype),
@@ -147,12 +168,12 @@ def _certify(prob, z, system, pen_u, accept_tol, method, fixed=False):
         if not fixed and bool(passed):
             break
         u = make()
-        cand = [*u, *kkt_measures(prob, z, *u)]
+        cand = [*u, *kkt_measures(prob, z, *u, primal=primal)]
         kkt = _kkt(cand[3:6])
         use = kkt < best_kkt
         if fixed:
             use = use & ~passed
-        best = [_where(use, a, b) for a, b in zip(cand, best)]
+        best = [a if a is b else _where(use, a, b) for a, b in zip(cand, best)]   # (primal_inf, value: shared)
         best_kkt = torch.where(use, kkt, best_kkt)
     return best
 
