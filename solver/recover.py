@@ -146,23 +146,44 @@ def _kkt(m, xp=TORCH):
     return xp.maximum(xp.maximum(weight * m[0], m[1]), m[2])
 
 
+class PenaltyDuals:
+    """The penalty multipliers ``u = (uA, uz, uE)`` of one recovery, and the least-norm
+    multipliers on the rows and bounds where they are positive (:func:`_certify`'s third
+    candidate), made on first use and then kept: they do not depend on the vertex, so the
+    repair rounds' vertices reuse them."""
+
+    def __init__(self, prob, u, method, cg_tol, cg_max_iter):
+        self.prob, self.u, self.method = prob, u, method
+        self.cg_tol, self.cg_max_iter = cg_tol, cg_max_iter
+        self._least_norm = None
+
+    def least_norm(self):
+        if self._least_norm is None:
+            uA, uz, _ = self.u
+            self._least_norm = _least_norm_dual(self.prob, NewtonSystem(
+                self.prob, (uA > 0).to(uA.dtype), (uz > 0).to(uz.dtype),
+                torch.zeros_like(self.prob.c_scale), self.method, pinv=True,
+                cg_tol=self.cg_tol, cg_max_iter=self.cg_max_iter))
+        return self._least_norm
+
+
 def _certify(prob, z, system, pen_u, accept_tol, method, fixed=False):
     """Multipliers and KKT measures for ``z``.  Candidates, first that passes wins (else the
     best): least-norm multipliers on the active rows ``T`` (no 1/eps roundoff
     amplification); the thresholded penalty multipliers; least-norm multipliers on the rows
     with positive penalty multipliers only (a degenerate vertex has more tight rows than
     the dual needs, and the least-norm fit over all of them can go negative).  ``pen_u``
-    None: the first candidate only (a guessed vertex has no penalty multipliers).
+    None: the first candidate only (a guessed vertex has no penalty multipliers); a tuple or a
+    :class:`PenaltyDuals` (which keeps the third candidate across a recovery's vertices).
     ``fixed`` (:mod:`solver.capture`): every candidate is computed and the "stop once the whole
     batch passes" test is a device mask instead of a host branch (same result)."""
     u = _least_norm_dual(prob, system)
     primal = primal_measures(prob, z)   # the same z for every candidate
     best = [*u, *kkt_measures(prob, z, *u, primal=primal)]
     best_kkt = _kkt(best[3:6])
-    candidates = [] if pen_u is None else [lambda: pen_u, lambda: _least_norm_dual(
-        prob, NewtonSystem(prob, (pen_u[0] > 0).to(z.dtype), (pen_u[1] > 0).to(z.dtype),
-                           torch.zeros_like(prob.c_scale), method, pinv=True,
-                           cg_tol=system.cg_tol, cg_max_iter=system.cg_max_iter))]
+    if pen_u is not None and not isinstance(pen_u, PenaltyDuals):
+        pen_u = PenaltyDuals(prob, pen_u, method, system.cg_tol, system.cg_max_iter)
+    candidates = [] if pen_u is None else [lambda: pen_u.u, pen_u.least_norm]
     for make in candidates:
         passed = (best_kkt <= accept_tol).all()
         if not fixed and bool(passed):
@@ -205,7 +226,8 @@ def recover(prob, zp, eps, *, method, active_tol=1.0, cg_tol=1e-12, cg_max_iter=
     wA = (rA > -kappa).to(zp.dtype)
     wz = (zp < kappa).to(zp.dtype)
     z, system = _solve_active(prob, zp, wA, wz, method, cg_tol, cg_max_iter)
-    cert = _certify(prob, z, system, (uA, uz, uE), accept_tol, method, fixed)
+    pen = PenaltyDuals(prob, (uA, uz, uE), method, cg_tol, cg_max_iter)
+    cert = _certify(prob, z, system, pen, accept_tol, method, fixed)
     mixed = False
     go = torch.ones((), dtype=torch.bool, device=zp.device)   # fixed: "the loop goes on"
     for _ in range(repair_rounds):
@@ -227,7 +249,7 @@ def recover(prob, zp, eps, *, method, active_tol=1.0, cg_tol=1e-12, cg_max_iter=
         elif torch.equal(wA2, wA) and torch.equal(wz2, wz):
             break
         z2, system2 = _solve_active(prob, zp, wA2, wz2, method, cg_tol, cg_max_iter)
-        cert2 = _certify(prob, z2, system2, (uA, uz, uE), accept_tol, method, fixed)
+        cert2 = _certify(prob, z2, system2, pen, accept_tol, method, fixed)
         kkt2 = _kkt(cert2[3:6])
         better = kkt2 < kkt
         if fixed:   # all better: take all; none: stop; some: take those (_finish rebuilds K_T)
