@@ -98,19 +98,17 @@ def fingerprint(folder: Path, paths: list[str]) -> str | None:
     return h.hexdigest()
 
 
-def _stamp_version(folder: Path) -> tuple[str, bool | None, bool] | None:
-    """``(commit, dirty, files match)`` of the stamp beside ``folder``'s code; ``None`` without a
-    readable stamp. A stamp without a fingerprint (older) never matches."""
+def _read_stamp(folder: Path) -> dict | None:
+    """The stamp beside ``folder``'s code (``git_commit``, ``git_dirty``, and since the fingerprint
+    ``paths``, ``fingerprint``); ``None`` without one; a damaged stamp names no commit."""
     path = Path(folder) / STAMP
     if not path.is_file():
         return None
     try:
         saved = json.loads(path.read_text())
-        commit, dirty, paths = str(saved["git_commit"]), saved.get("git_dirty"), saved.get("paths")
+        return {**saved, "git_commit": str(saved["git_commit"])}
     except (ValueError, KeyError, TypeError, AttributeError):   # a damaged stamp names nothing
-        return UNKNOWN, None, False
-    same = isinstance(paths, list) and fingerprint(folder, paths) == saved.get("fingerprint")
-    return commit, dirty, same
+        return {"git_commit": UNKNOWN}
 
 
 def _git_has(folder: Path, commit: str) -> bool:
@@ -125,15 +123,18 @@ def code_version(folder: Path = CODE_DIR) -> tuple[str, bool | None]:
     still match the stamp (``python provenance.py stamp``): then the stamp; with no git and a
     stamp the files do not match, the stamp's commit with changes (an older stamp, without
     fingerprint: as it says); ``("unknown", None)`` when nothing answers. (Files added after the
-    stamp are not seen where the stamp answers.)"""
-    saved = _stamp_version(Path(folder))
+    stamp are not seen where the stamp answers.) The files are hashed only where git alone
+    cannot name the code."""
+    saved = _read_stamp(Path(folder))
     commit, dirty = _git_version(folder)
-    if saved is not None and saved[2] and (commit == UNKNOWN or not _git_has(folder, saved[0])):
-        return saved[0], saved[1]   # no git, or a .git that has never seen the stamped commit: stale
-    if commit != UNKNOWN or saved is None or saved[0] == UNKNOWN:
+    if saved is None or saved["git_commit"] == UNKNOWN or (commit != UNKNOWN and _git_has(folder, saved["git_commit"])):
         return commit, dirty
-    has_fingerprint = "fingerprint" in json.loads((Path(folder) / STAMP).read_text())
-    return saved[0], True if has_fingerprint else saved[1]
+    paths = saved.get("paths")
+    if isinstance(paths, list) and fingerprint(folder, paths) == saved.get("fingerprint"):
+        return saved["git_commit"], saved.get("git_dirty")   # no git, or a stale .git: the stamp
+    if commit != UNKNOWN:
+        return commit, dirty
+    return saved["git_commit"], True if "fingerprint" in saved else saved.get("git_dirty")
 
 
 def stamp(folder: Path = CODE_DIR) -> dict[str, Any]:
