@@ -174,18 +174,24 @@ def peak_memory_mb(fn: Callable[[], object], device: torch.device) -> tuple[floa
             "ru_maxrss delta (lower bound: no /proc/self/clear_refs)"
 
 
+def warm_on_side_stream(fn: Callable[[], object], device: torch.device, calls: int = 3) -> None:
+    """``calls`` calls of ``fn()`` on a side stream, then the current stream waits for them: the
+    warm-up ``torch.cuda.graph`` requires before a capture (allocator, kernel choices)."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(calls):
+            fn()
+    torch.cuda.current_stream(device).wait_stream(side)
+
+
 def graph_ms(fn: Callable[[], object], reps: int, device: torch.device) -> tuple[float | None, str]:
     """Capture ``fn()`` in a CUDA graph and time its replay: (median ms, "captured"), or
     (None, why not). Warm-up runs on a side stream, as ``torch.cuda.graph`` requires. A failed
     capture can leave the CUDA context unusable: call this last in a process."""
     if device.type != "cuda":
         return None, f"n/a ({device.type.upper()}: CUDA graphs need a CUDA device)"
-    side = torch.cuda.Stream(device)
-    side.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream(device).wait_stream(side)
+    warm_on_side_stream(fn, device)
     graph = torch.cuda.CUDAGraph()
     try:
         with torch.cuda.graph(graph):

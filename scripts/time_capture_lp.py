@@ -27,6 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from objectives.auc import auc_pairs            # noqa: E402
+from packed.speed import warm_on_side_stream    # noqa: E402
 from solver import DiagonalOperator, solve_lp   # noqa: E402
 
 EPS = 0.01
@@ -79,13 +80,10 @@ def time_rounds(fns: dict, device, repeats: int, rounds: int) -> dict:
 def graph_fn(step, d):
     """Capture ``step`` in a CUDA graph (warm-up on a side stream, as the PyTorch docs do);
     returns ``graph.replay``."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            d.grad = None
-            step()
-    torch.cuda.current_stream().wait_stream(s)
+    def fresh_step():
+        d.grad = None
+        step()
+    warm_on_side_stream(fresh_step, d.device)
     graph = torch.cuda.CUDAGraph()
     d.grad = None
     with torch.cuda.graph(graph):

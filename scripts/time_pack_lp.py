@@ -20,7 +20,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from objectives.auc import AUCLoss                 # noqa: E402
 from objectives.common import labels_checked       # noqa: E402
-from packed.speed import interleaved_ms             # noqa: E402
+from packed.speed import interleaved_ms, warm_on_side_stream   # noqa: E402
 
 
 def variants(k: int, device: torch.device) -> dict:
@@ -38,12 +38,7 @@ def variants(k: int, device: torch.device) -> dict:
 
 
 def graphed(fn, device):
-    s = torch.cuda.Stream(device)
-    s.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream(device).wait_stream(s)
+    warm_on_side_stream(fn, device)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         fn()
