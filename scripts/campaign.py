@@ -168,16 +168,17 @@ def probe(entries: list[dict], extra: list[str], args) -> tuple[dict, object]:
 def measure_each(cfg, overrides, device, n: int, args, objectives: list[str], experiment: str) -> dict:
     """:func:`gpu_tables.measure` of ``objectives`` at pack size ``n``; if it fails, each objective
     alone (one objective's failure must not cost the window: its runs stay unpriced, skipped)."""
+    graph = getattr(args, "cuda_graph", False)   # (`plan` has no --cuda-graph: eager)
     try:
         return gpu_tables.measure(cfg, overrides, device, n, args.probe_reps, objectives, experiment,
-                                  cuda_graph=getattr(args, "cuda_graph", False))
+                                  cuda_graph=graph)
     except Exception as err:   # noqa: BLE001
         print(f"probe (pack of {n}): {campaign_queue.first_line(err)}; probing each objective alone", flush=True)
     speed: dict = {}
     for obj in objectives:
         try:
             speed.update(gpu_tables.measure(cfg, overrides, device, n, args.probe_reps, [obj], experiment,
-                                            cuda_graph=getattr(args, "cuda_graph", False)))
+                                            cuda_graph=graph))
         except Exception as err:   # noqa: BLE001
             print(f"probe: {obj} failed at pack size {n} ({campaign_queue.first_line(err)})", flush=True)
     if "eval_ms" not in speed:
