@@ -31,6 +31,7 @@ solving the LP again.
 from __future__ import annotations
 
 import math
+import weakref
 
 import numpy as np
 import torch
@@ -96,19 +97,20 @@ def _csr(M, n) -> tuple[HostCSR, np.ndarray, tuple] | None:
     return out
 
 
-def _method(A, n, counts, key) -> str:
+def _method(A, A_eq, n, counts, keys) -> str:
     """``linear_solver="auto"``'s choice for these row counts (:func:`solver.linsolve.auto_method`
     as :func:`solver.linsolve.choose_method` applies it to a sparse LP).  Kept per tensor ``A``
-    and its pattern ``key`` where there is no ``A_eq`` (with one, it is counted each call: a
-    key of another tensor's addresses could outlive it)."""
-    memo = _METHOD_MEMO.get(A) if len(counts) == 1 else None
-    if memo is not None and memo[0] == key:
-        return memo[1]
+    under its pattern key and, where there are equality rows, a weak reference to the ``A_eq``
+    tensor and its key (``keys``: :func:`_csr`'s keys of ``A`` and ``A_eq``): a key of addresses
+    alone could match another tensor made where a freed one was, a live reference cannot."""
+    memo = _METHOD_MEMO.get(A)
+    if memo is not None and memo[0] == keys and (A_eq is None) == (memo[1] is None) and (
+            A_eq is None or memo[1]() is A_eq):
+        return memo[2]
     method = auto_method(n, diagonal_ok=len(counts) == 1 and int(counts[0].max()) <= 1,
                          sparse_ok=True, gram_nnz=lambda: gram_nnz_of(n, counts),
                          dense_gram_cheap=True)
-    if len(counts) == 1:
-        _METHOD_MEMO[A] = key, method
+    _METHOD_MEMO[A] = keys, None if A_eq is None else weakref.ref(A_eq), method
     return method
 
 
@@ -128,9 +130,9 @@ def solve(c, A, b, A_eq, b_eq, opts, backward: str, t0: float
     if pa is None or pa[0].shape[0] != b.shape[0] or (A_eq is not None and (
             pe is None or not _vector(b_eq, pe[0].shape[0]))):
         return None, None
-    (Ah, ca, ka), (Eh, ce, _) = pa, (None, None, None) if pe is None else pe
+    (Ah, ca, ka), (Eh, ce, ke) = pa, (None, None, None) if pe is None else pe
     counts = [ca] if Eh is None else [ca, ce]
-    method = _method(A, n, counts, ka)
+    method = _method(A, A_eq, n, counts, (ka, ke))
     if opts.forward == "auto" and (method == "diagonal" or
                                    route(c, A, A_eq, opts, backward) != "highs"):
         return None, None                    # Newton's LPs

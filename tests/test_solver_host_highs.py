@@ -328,10 +328,31 @@ def test_coo_indices_outside_the_shape_are_named():
         solve_lp(-torch.ones(4, dtype=f64), A, torch.ones(2, dtype=f64), forward="highs")
 
 
-def test_the_solver_choice_is_not_kept_across_equality_tensors():
-    c, A, b, E, be = _with_equalities(0, 40, 40, 0.1, 1)
-    At = csr(A)
-    solve_lp(torch.tensor(c), At, torch.tensor(b), csr(E), torch.tensor(be), forward="highs")
-    assert At not in host_highs._METHOD_MEMO
-    solve_lp(torch.tensor(c), At, torch.tensor(b), forward="highs")
-    assert At in host_highs._METHOD_MEMO
+def test_the_solver_choice_is_kept_per_equality_tensor(monkeypatch):
+    """The choice is kept for the pair (A, A_eq), and another A_eq tensor -- here one whose
+    dense rows make the Newton matrix dense, so the choice differs -- is counted again."""
+    n = 300
+    c, A, b, E, be = _with_equalities(0, n, n, 3 / n, 1)
+    g = np.random.default_rng(7)
+    x = linprog(np.zeros(n), A_ub=A, b_ub=b, A_eq=E, b_eq=be, bounds=(0, None),
+                method="highs").x
+    D = np.abs(g.standard_normal((20, n)))          # 20 dense rows: more than the low-rank cap
+    At, ct, bt = csr(A), torch.tensor(c), torch.tensor(b)
+    E1 = csr(E)
+    E2 = csr(sp.vstack([E, sp.csr_matrix(D)], format="csr"))
+    be1, be2 = torch.tensor(be), torch.tensor(np.concatenate([be, D @ x]))
+    calls = []
+    real = host_highs.auto_method
+    monkeypatch.setattr(host_highs, "auto_method", lambda *a, **k: calls.append(1) or real(*a, **k))
+
+    def method(*eq):
+        return solve_lp(ct, At, bt, *eq, forward="highs").stats["linear_solver"]
+    assert method(E1, be1) == "sparse" and len(calls) == 1
+    assert method(E1, be1) == "sparse" and len(calls) == 1          # from the memo
+    assert method(E2, be2) == "cholesky" and len(calls) == 2        # another A_eq: counted
+    assert method(E1, be1) == "sparse" and len(calls) == 3
+    assert method() == "sparse" and len(calls) == 4                 # no A_eq: counted
+    assert method() == "sparse" and len(calls) == 4
+    # a live reference, not an address: the same arrays in a new tensor are counted again
+    E3 = torch.sparse_csr_tensor(E1.crow_indices(), E1.col_indices(), E1.values(), E1.shape)
+    assert method(E3, be1) == "sparse" and len(calls) == 5
