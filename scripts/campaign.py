@@ -199,18 +199,30 @@ def read_speed(path: Path) -> dict:
             "eval_ms": 1000 * data["eval_s"], "from": str(path)}
 
 
+def read_keys(path: Path) -> set[str]:
+    """Queue keys, one per line (``gpu_window.sh``'s ``planned.txt``); a missing file is an error."""
+    return {line.strip() for line in path.read_text().splitlines() if line.strip()}
+
+
 def plan_for(args, start: float) -> tuple[dict, dict, list[dict], list[str]]:
     """(queue, plan, kept entries, extra overrides): probe, choose, verify."""
     folder = Path(args.dir)
     queue, ledger = campaign_queue.load(folder)
     extra = [f"trainer.eval_every={args.eval_every}", f"device={args.device}", "logger=csv",
              "trainer.checkpoints=false", *args.set]
-    todo, broken = candidates(pending(queue, ledger), args.dataset)
+    waiting = pending(queue, ledger)
+    excluded = read_keys(Path(args.exclude)) if args.exclude else set()
+    if excluded:   # trained by an earlier command on this machine, not folded into the ledger yet
+        left = [e for e in waiting if e["key"] not in excluded]
+        print(f"plan: {len(waiting) - len(left)} pending run(s) left out: trained by an earlier command "
+              f"on this machine ({args.exclude})", flush=True)
+        waiting = left
+    todo, broken = candidates(waiting, args.dataset)
     for key, why in broken:
         print(f"plan: skipped {key}: {why}", flush=True)
     if not todo:
         return queue, {"kept": [], "skipped": [{"key": k, "why": w} for k, w in broken],
-                       "note": "nothing pending that composes"}, [], extra
+                       "note": "nothing pending that composes", "excluded": sorted(excluded)}, [], extra
     if args.speed:
         speed = read_speed(Path(args.speed))
     else:
@@ -220,7 +232,7 @@ def plan_for(args, start: float) -> tuple[dict, dict, list[dict], list[str]]:
         plan = make_plan(todo, speed, budget, args.eval_every, verifier(compose, extra))
     plan["skipped"] = [{"key": k, "why": w} for k, w in broken] + plan["skipped"]
     plan.update(queue_version=queue["version"], dataset=todo[0]["where"]["dataset.name"], speed=speed,
-                extra_overrides=extra, pending=len(pending(queue, ledger)))
+                extra_overrides=extra, pending=len(waiting), excluded=sorted(excluded))
     kept = [e for e in todo if e["key"] in plan["kept"]]
     unpriced: dict[str, int] = {}
     for s in plan["skipped"][len(broken):]:
@@ -291,6 +303,8 @@ def main(argv: list[str] | None = None) -> int:
         r.add_argument("--probe-reps", type=int, default=3)
         r.add_argument("--probe-window", type=int, default=48,
                        help="probe the objectives of this many candidates (the rest cannot fit anyway)")
+        r.add_argument("--exclude", help="a file of queue keys (one per line) to leave out as if done: "
+                       "the runs an earlier command on the same machine trained, not yet folded here")
         r.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                        help="more overrides; only keys that do not define a protocol (make_tables.IGNORED)")
         if name == "run":

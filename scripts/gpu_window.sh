@@ -17,10 +17,14 @@
 #   OUT=$OUT DATA_ROOT=.devdata bash scripts/gpu_window.sh
 #   (here, after: python scripts/campaign.py fold <returned folder>; commit results/paper_tables)
 # A session's 15 device minutes hold one full command (start ~35 s + <= 600 s) and, on the machine
-# still warm (30 s), a short second one: fold the first command's files here at once, save its
-# plan.json "speed" as .devdata/speed.json, stamp, and run
-#   OUT=$OUT DATA_ROOT=$PWD/.devdata BUDGET=<left - 60> CHECK_S=0 CUDA_GRAPH=1 TIMING_S=0 \
-#       SPEED=.devdata/speed.json bash scripts/gpu_window.sh
+# still warm (30 s), a short second one, sent at once with nothing done here in between:
+#   OUT=$OUT DATA_ROOT=$PWD/.devdata SECOND=1 BUDGET=<seconds left - 60> bash scripts/gpu_window.sh
+# Each command leaves on the machine, in STATE (default .devstate/, git-ignored: the device keeps
+# it between calls while warm), the graph check's verdict (graph), the campaign's probe
+# (speed.json) and the queue keys it planned (planned.txt, appended). SECOND=1 reads them: no
+# graph check (CUDA_GRAPH as the first command found), the first command's probe as SPEED, its
+# runs left out of the plan (EXCLUDE), no LP timing; on a machine without that state it refuses
+# (exit 2). Fold both returned folders here afterwards (campaign.py fold OUT1 OUT2).
 #
 # Env: BUDGET (the campaign's, default 450 s), CHECK_S (45; 0 skips step 1 and takes CUDA_GRAPH as
 # given), CAMPAIGN (0 skips step 2), TIMING_S (40; 0 skips step 3), TIMING_ARGS (more
@@ -31,7 +35,19 @@
 # script end to end (tests/test_campaign.py, slow): DEVICE=cpu CHECK_ARGS="--model mlp --steps 4".
 set -u
 . "$(dirname "$0")/device_env.sh"   # OUT, PY, ROOT, wheels on PYTHONPATH
+STATE=${STATE:-$ROOT/.devstate}
+if [ "${SECOND:-0}" != 0 ]; then   # a second command on the same warm machine: the first one's state
+  for f in graph speed.json planned.txt; do   # (planned.txt may be empty: nothing was planned)
+    [ -e "$STATE/$f" ] || { echo "gpu_window.sh: SECOND=1 but no $STATE/$f: no first command ran on this machine (a fresh machine?); run without SECOND"; exit 2; }
+  done
+  CHECK_S=${CHECK_S:-0}; TIMING_S=${TIMING_S:-0}
+  CUDA_GRAPH=$(cat "$STATE/graph"); SPEED=${SPEED:-$STATE/speed.json}
+  export SPEED
+fi
 CHECK_S=${CHECK_S:-45}; TIMING_S=${TIMING_S:-40}; GRAPH_TOL=${GRAPH_TOL:-1e-5}; DEV=${DEVICE:-cuda}
+mkdir -p "$STATE"
+# whatever the command: a run an earlier command on this machine planned is not planned again
+if [ -z "${EXCLUDE:-}" ] && [ -e "$STATE/planned.txt" ]; then export EXCLUDE="$STATE/planned.txt"; fi
 for v in CHECK_S TIMING_S; do
   case ${!v} in ''|*[!0-9]*) echo "gpu_window.sh: $v=${!v}: whole seconds, e.g. $v=45 (0 skips the step)"; exit 2;; esac
 done
@@ -53,9 +69,11 @@ print(1 if same and "ce" in {r["objective"] for r in ran} else 0)
 EOF
 )
 log "graph check passed: ${graph:-0} (tolerance $GRAPH_TOL)"
+echo "${graph:-0}" > "$STATE/graph"
 else   # a second command on the same warm machine: the first one's check stands (CUDA_GRAPH as given)
 case ${CUDA_GRAPH:-0} in 0|false|no|'') graph=0;; *) graph=1;; esac   # gpu_campaign.sh: any value = on
 log "1. no graph check (CHECK_S=0): CUDA_GRAPH=$graph as given"
+[ -e "$STATE/graph" ] || echo "$graph" > "$STATE/graph"
 fi
 
 rc=0
@@ -65,6 +83,19 @@ if [ "${CAMPAIGN:-1}" != 0 ]; then
   BUDGET=${BUDGET:-450} bash "$ROOT/scripts/gpu_campaign.sh"
   rc=$?
   log "campaign exit status $rc"
+  # for a second command on this machine: the probe, and every key planned (done or not: never twice)
+  $PY - "$OUT/plan.json" "$STATE" <<'EOF' 2>&1 | tee -a "$OUT/window.log"
+import json, os, sys
+from pathlib import Path
+plan, state = Path(sys.argv[1]), Path(sys.argv[2])
+if plan.exists():
+    p = json.loads(plan.read_text())
+    if p.get("speed") and not os.environ.get("SPEED"):   # this command's own probe (the newest)
+        (state / "speed.json").write_text(json.dumps(p["speed"]))
+    with open(state / "planned.txt", "a") as f:
+        f.writelines(k + "\n" for k in p.get("kept", []))
+    print(f"state for a second command: {state} ({len(p.get('kept', []))} key(s) planned)")
+EOF
 else
   log "2. no campaign (CAMPAIGN=0)"
 fi

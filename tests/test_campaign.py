@@ -166,6 +166,31 @@ def test_plan_reports_what_it_skips_and_keeps_whole_blocks(queue_dir, tmp_path, 
     assert "plan: 1 run(s) of digits (digits_nk0.1_ce_lr0.1_s0)" in out
 
 
+def test_plan_leaves_out_the_keys_an_earlier_command_trained(queue_dir, tmp_path, capsys):
+    (tmp_path / "speed.json").write_text(json.dumps(SPEED))
+    (tmp_path / "planned.txt").write_text("digits_nk0.1_ce_lr0.1_s0\n")
+    assert campaign.main(["--dir", str(queue_dir), "plan", "--speed", str(tmp_path / "speed.json"),
+                          "--device", "cpu", "--exclude", str(tmp_path / "planned.txt")]) == 0
+    out = capsys.readouterr().out
+    assert "1 pending run(s) left out: trained by an earlier command on this machine" in out
+    assert "plan: 1 run(s) of digits (digits_nk0.1_auc_lp_lr0.1_s0)" in out
+    (tmp_path / "planned.txt").write_text("digits_nk0.1_ce_lr0.1_s0\ndigits_nk0.1_auc_lp_lr0.1_s0\n")
+    assert campaign.main(["--dir", str(queue_dir), "plan", "--speed", str(tmp_path / "speed.json"),
+                          "--device", "cpu", "--exclude", str(tmp_path / "planned.txt")]) == 0
+    out = capsys.readouterr().out
+    assert "2 pending run(s) left out" in out and "run(s) of digits" not in out   # nothing left to plan
+
+
+def test_a_second_window_command_refuses_a_machine_without_the_first_ones_state(tmp_path):
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "PY": sys.executable, "SECOND": "1",
+           "STATE": str(tmp_path / "state")}
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_window.sh")], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "SECOND=1 but no" in proc.stdout and "run without SECOND" in proc.stdout
+    assert not (tmp_path / "out" / "plan.json").exists()
+
+
 def test_choose_takes_whole_blocks_then_single_runs_that_fit():
     def e(key, block, obj="ce"):
         return {"key": key, "block": block, "objective": obj, "steps": 1000}
@@ -258,7 +283,8 @@ def test_gpu_window_sh_end_to_end_on_the_cpu(queue_dir, tmp_path):
     out = tmp_path / "out"
     env = {**os.environ, "OUT": str(out), "PY": sys.executable, "OMP_NUM_THREADS": "1", "BUDGET": "200",
            "EVAL_EVERY": "3", "DEVICE": "cpu", "CAMPAIGN_DIR": str(queue_dir), "PROBE_N": "2",
-           "CHECK_ARGS": "--model mlp --steps 4 --n 2", "CHECK_S": "200", "TIMING_S": "200"}
+           "CHECK_ARGS": "--model mlp --steps 4 --n 2", "CHECK_S": "200", "TIMING_S": "200",
+           "STATE": str(tmp_path / "state")}
     proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_window.sh")], env=env, cwd=tmp_path,
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -276,13 +302,21 @@ def test_gpu_window_sh_end_to_end_on_the_cpu(queue_dir, tmp_path):
     assert {(r["k"], r["variant"]) for r in lines if "k" in r} == {(k, v) for k in (1, 2, 4, 8)
                                                                    for v in ("separate", "batched")}
     assert campaign_fold.fold([out], folded_copy(queue_dir, tmp_path), log=lambda m: None)["done"] == 2
-    # a second command on the same machine: no graph check, the first command's probe as SPEED
-    (tmp_path / "speed.json").write_text(json.dumps(plan["speed"]))
-    again = {**env, "OUT": str(tmp_path / "out2"), "CHECK_S": "0", "CUDA_GRAPH": "1", "TIMING_S": "0",
-             "SPEED": str(tmp_path / "speed.json")}
+    # what it left for a second command on this machine
+    state = tmp_path / "state"
+    assert (state / "graph").read_text().strip() == "1"
+    assert json.loads((state / "speed.json").read_text()) == plan["speed"]
+    assert (state / "planned.txt").read_text().split() == plan["kept"]
+    # the second command, sent at once (nothing folded in between): the first one's check, probe and
+    # runs; a queue with a third run left would train it, this one has none left
+    again = {**env, "OUT": str(tmp_path / "out2"), "SECOND": "1"}
+    for k in ("CHECK_S", "TIMING_S"):
+        again.pop(k)
     proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_window.sh")], env=again, cwd=tmp_path,
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "no graph check (CHECK_S=0): CUDA_GRAPH=1" in (tmp_path / "out2" / "window.log").read_text()
+    log2 = (tmp_path / "out2" / "window.log").read_text()
+    assert "no graph check (CHECK_S=0): CUDA_GRAPH=1" in log2 and "LP timing" not in log2
     plan2 = json.loads((tmp_path / "out2" / "plan.json").read_text())
-    assert plan2["speed"]["from"].endswith("speed.json") and set(plan2["outcome"].values()) == {f"done at step {STEPS}"}
+    assert plan2["kept"] == [] and plan2["excluded"] == sorted(plan["kept"])
+    assert "2 pending run(s) left out" in (tmp_path / "out2" / "campaign.log").read_text()
