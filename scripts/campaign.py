@@ -190,13 +190,15 @@ def read_speed(path: Path) -> dict:
     """A probe's speed JSON, or a rates file (``rates.json``: a window's probe; an older one's
     ``ms_per_run_step`` ranges: their low end)."""
     data = json.loads(path.read_text())
+    # (recorded in plan.json, which fold commits: a path inside the checkout as a relative one)
+    where = path.resolve().relative_to(ROOT).as_posix() if path.resolve().is_relative_to(ROOT) else path.name
     if "speed" in data:   # the committed rates: a window's probe (campaign_status.speed_of)
         import campaign_status
-        return {**campaign_status.speed_of(data), "from": str(path)}
+        return {**campaign_status.speed_of(data), "from": where}
     if "ms_per_run_step" not in data:   # a probe's speed dict (e.g. a previous command's plan.json "speed")
-        return {**data, "from": str(path)}
+        return {**data, "from": where}
     return {**{f"step_ms_per_run_{k}": v[0] for k, v in data["ms_per_run_step"].items()},
-            "eval_ms": 1000 * data["eval_s"], "from": str(path)}
+            "eval_ms": 1000 * data["eval_s"], "from": where}
 
 
 def read_keys(path: Path) -> set[str]:
@@ -245,6 +247,7 @@ def plan_for(args, start: float) -> tuple[dict, dict, list[dict], list[str]]:
               "or its probe failed)", flush=True)
     print(f"plan: {len(kept)} run(s) of {plan['dataset']} ({', '.join(plan['kept']) or 'none'}), projected "
           f"{plan['projected_s']} s of {plan['available_s']} s; {plan['pending']} pending in the queue"
+          + (f" besides the {len(excluded)} left out" if excluded else "")
           + (f"; {plan['note']}" if plan.get("note") else ""), flush=True)
     return queue, plan, kept, extra
 

@@ -53,9 +53,19 @@ def status_of(res: dict | None, steps: int) -> tuple[str, str | None]:
     return "done", None
 
 
+def trained_nothing(p: Path) -> bool:
+    """A returned OUT folder whose command planned no run (its ``plan.json`` keeps none: nothing
+    was pending or fitted, e.g. a window's second command): it has no ``runs.jsonl.gz``."""
+    plan = p / "plan.json"
+    return p.is_dir() and not (p / "runs.jsonl.gz").exists() and plan.is_file() and \
+        json.loads(plan.read_text()).get("kept") == []
+
+
 def read_records(paths: list[Path]) -> list[dict]:
     records = []
     for p in map(Path, paths):
+        if trained_nothing(p):
+            continue
         f = p / "runs.jsonl.gz" if p.is_dir() else p
         if not f.is_file():
             raise FoldError(f"{p}: no runs.jsonl.gz (give the returned OUT folder or the file itself)")
@@ -100,6 +110,9 @@ def fold(paths: list[Path], folder: Path, log=print) -> dict[str, int]:
     """Fold returned ``runs.jsonl.gz`` files into ``folder``; returns counts per outcome."""
     queue, ledger = campaign_queue.load(folder)
     entries = {e["key"]: e for e in queue["entries"]}
+    for p in map(Path, paths):
+        if trained_nothing(p):
+            log(f"fold: {p}: its command planned no run (plan.json keeps none): nothing to fold there")
     records = read_records(paths)
     problems = []
     for rec in records:

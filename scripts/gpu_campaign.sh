@@ -12,7 +12,8 @@
 # (results/paper_tables: its queue.json and ledger.json say what is pending), PROBE_N (8),
 # MAX_PACK, CUDA_GRAPH (1: replay capturable packs from a CUDA graph), SPEED (a speed JSON instead of
 # the probe: a previous command's plan.json "speed" on the same machine), EXCLUDE (a file of queue
-# keys to leave out: the runs an earlier command on the same machine trained), EXTRA (more overrides,
+# keys to leave out: the runs an earlier command on the same machine trained), DATASET (plan only
+# this dataset's runs: the one whose data pack the machine has), EXTRA (more overrides,
 # only keys that define no protocol, e.g. "trainer.eval_batch_size=1024"), PY (python3).
 # Hydra/OmegaConf missing on the machine: wheels from .whl/ (scripts/device_env.sh).
 # Leaves under OUT only: machine.txt, plan.json, runs.jsonl.gz, campaign.log.
@@ -25,7 +26,7 @@ read -r -a extra <<< "${EXTRA:-}"
 timeout --signal=TERM $((${BUDGET%.*} + 40)) $PY "$ROOT/scripts/campaign.py" --dir "${CAMPAIGN_DIR:-$ROOT/results/paper_tables}" \
     run --out "$OUT" --budget-s "$BUDGET" --eval-every "${EVAL_EVERY:-2000}" --device "${DEVICE:-auto}" \
     --probe-n "${PROBE_N:-8}" ${MAX_PACK:+--max-pack "$MAX_PACK"} ${CUDA_GRAPH:+--cuda-graph} \
-    ${SPEED:+--speed "$SPEED"} ${EXCLUDE:+--exclude "$EXCLUDE"} \
+    ${SPEED:+--speed "$SPEED"} ${EXCLUDE:+--exclude "$EXCLUDE"} ${DATASET:+--dataset "$DATASET"} \
     ${extra[0]:+--set "${extra[@]}"} \
     2>&1 | tee "$OUT/campaign.log"
 exit "${PIPESTATUS[0]}"

@@ -21,10 +21,13 @@
 #   OUT=$OUT DATA_ROOT=$PWD/.devdata SECOND=1 BUDGET=<seconds left - 60> bash scripts/gpu_window.sh
 # Each command leaves on the machine, in STATE (default .devstate/, git-ignored: the device keeps
 # it between calls while warm), the graph check's verdict (graph), the campaign's probe
-# (speed.json) and the queue keys it planned (planned.txt, appended). SECOND=1 reads them: no
-# graph check (CUDA_GRAPH as the first command found), the first command's probe as SPEED, its
-# runs left out of the plan (EXCLUDE), no LP timing; on a machine without that state it refuses
-# (exit 2). Fold both returned folders here afterwards (campaign.py fold OUT1 OUT2).
+# (speed.json), its dataset (dataset) and the queue keys it planned (planned.txt, appended).
+# SECOND=1 reads them: no graph check (CUDA_GRAPH as the first command found), the first
+# command's probe as SPEED, the same dataset (its pack is the one carried), no LP timing; on a
+# machine without that state it refuses (exit 2). Every command on the machine leaves out of its
+# plan the runs an earlier one planned (EXCLUDE), done or stopped: a run is never planned twice on
+# one machine (a stopped one waits for the next machine). Fold both returned folders here
+# afterwards (campaign.py fold OUT1 OUT2; a folder whose command planned nothing is passed over).
 #
 # Env: BUDGET (the campaign's, default 450 s), CHECK_S (45; 0 skips step 1 and takes CUDA_GRAPH as
 # given), CAMPAIGN (0 skips step 2), TIMING_S (40; 0 skips step 3), TIMING_ARGS (more
@@ -37,12 +40,16 @@ set -u
 . "$(dirname "$0")/device_env.sh"   # OUT, PY, ROOT, wheels on PYTHONPATH
 STATE=${STATE:-$ROOT/.devstate}
 if [ "${SECOND:-0}" != 0 ]; then   # a second command on the same warm machine: the first one's state
-  for f in graph speed.json planned.txt; do   # (planned.txt may be empty: nothing was planned)
-    [ -e "$STATE/$f" ] || { echo "gpu_window.sh: SECOND=1 but no $STATE/$f: no first command ran on this machine (a fresh machine?); run without SECOND"; exit 2; }
+  need="graph"; [ "${CAMPAIGN:-1}" = 0 ] || need="graph speed.json planned.txt"
+  for f in $need; do   # (planned.txt may be empty: the first command planned nothing)
+    [ -e "$STATE/$f" ] || { echo "gpu_window.sh: SECOND=1 but no $STATE/$f: no first gpu_window.sh command with a campaign ran on this machine (a fresh machine?); run without SECOND"; exit 2; }
   done
   CHECK_S=${CHECK_S:-0}; TIMING_S=${TIMING_S:-0}
-  CUDA_GRAPH=$(cat "$STATE/graph"); SPEED=${SPEED:-$STATE/speed.json}
-  export SPEED
+  CUDA_GRAPH=$(cat "$STATE/graph")
+  if [ "${CAMPAIGN:-1}" != 0 ]; then
+    SPEED=${SPEED:-$STATE/speed.json}; export SPEED
+    if [ -z "${DATASET:-}" ] && [ -s "$STATE/dataset" ]; then DATASET=$(cat "$STATE/dataset"); export DATASET; fi
+  fi
 fi
 CHECK_S=${CHECK_S:-45}; TIMING_S=${TIMING_S:-40}; GRAPH_TOL=${GRAPH_TOL:-1e-5}; DEV=${DEVICE:-cuda}
 mkdir -p "$STATE"
@@ -85,13 +92,15 @@ if [ "${CAMPAIGN:-1}" != 0 ]; then
   log "campaign exit status $rc"
   # for a second command on this machine: the probe, and every key planned (done or not: never twice)
   $PY - "$OUT/plan.json" "$STATE" <<'EOF' 2>&1 | tee -a "$OUT/window.log"
-import json, os, sys
+import json, sys
 from pathlib import Path
 plan, state = Path(sys.argv[1]), Path(sys.argv[2])
 if plan.exists():
     p = json.loads(plan.read_text())
-    if p.get("speed") and not os.environ.get("SPEED"):   # this command's own probe (the newest)
+    if p.get("speed"):   # the probe this command planned with
         (state / "speed.json").write_text(json.dumps(p["speed"]))
+    if p.get("dataset"):
+        (state / "dataset").write_text(p["dataset"] + "\n")
     with open(state / "planned.txt", "a") as f:
         f.writelines(k + "\n" for k in p.get("kept", []))
     print(f"state for a second command: {state} ({len(p.get('kept', []))} key(s) planned)")

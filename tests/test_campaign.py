@@ -74,7 +74,7 @@ def test_gpu_campaign_sh_end_to_end_on_the_cpu(queue_dir, tmp_path):
 
 def folded_copy(queue_dir: Path, tmp_path: Path) -> Path:
     d = tmp_path / "campaign"
-    d.mkdir()
+    d.mkdir(parents=True)
     (d / "queue.json").write_bytes((queue_dir / "queue.json").read_bytes())
     return d
 
@@ -179,6 +179,18 @@ def test_plan_leaves_out_the_keys_an_earlier_command_trained(queue_dir, tmp_path
                           "--device", "cpu", "--exclude", str(tmp_path / "planned.txt")]) == 0
     out = capsys.readouterr().out
     assert "2 pending run(s) left out" in out and "run(s) of digits" not in out   # nothing left to plan
+
+
+def test_fold_passes_over_a_folder_whose_command_planned_nothing(queue_dir, returned, tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "plan.json").write_text(json.dumps({"kept": [], "note": "nothing pending that composes"}))
+    said = []
+    assert campaign_fold.fold([returned, empty], folded_copy(queue_dir, tmp_path), log=said.append)["done"] == 2
+    assert any("planned no run" in m for m in said)
+    (empty / "plan.json").write_text(json.dumps({"kept": ["digits_nk0.1_ce_lr0.1_s0"]}))   # lost its runs
+    with pytest.raises(campaign_fold.FoldError, match="no runs.jsonl.gz"):
+        campaign_fold.fold([returned, empty], folded_copy(queue_dir, tmp_path / "b"), log=said.append)
 
 
 def test_a_second_window_command_refuses_a_machine_without_the_first_ones_state(tmp_path):
@@ -306,9 +318,11 @@ def test_gpu_window_sh_end_to_end_on_the_cpu(queue_dir, tmp_path):
     state = tmp_path / "state"
     assert (state / "graph").read_text().strip() == "1"
     assert json.loads((state / "speed.json").read_text()) == plan["speed"]
+    assert (state / "dataset").read_text().strip() == "digits"
     assert (state / "planned.txt").read_text().split() == plan["kept"]
-    # the second command, sent at once (nothing folded in between): the first one's check, probe and
-    # runs; a queue with a third run left would train it, this one has none left
+    # the second command, sent at once (nothing folded in between): the first one's check, probe,
+    # dataset and runs. As if the first had planned only its first run, the second trains the other.
+    (state / "planned.txt").write_text(plan["kept"][0] + "\n")
     again = {**env, "OUT": str(tmp_path / "out2"), "SECOND": "1"}
     for k in ("CHECK_S", "TIMING_S"):
         again.pop(k)
@@ -318,5 +332,14 @@ def test_gpu_window_sh_end_to_end_on_the_cpu(queue_dir, tmp_path):
     log2 = (tmp_path / "out2" / "window.log").read_text()
     assert "no graph check (CHECK_S=0): CUDA_GRAPH=1" in log2 and "LP timing" not in log2
     plan2 = json.loads((tmp_path / "out2" / "plan.json").read_text())
-    assert plan2["kept"] == [] and plan2["excluded"] == sorted(plan["kept"])
-    assert "2 pending run(s) left out" in (tmp_path / "out2" / "campaign.log").read_text()
+    assert plan2["excluded"] == [plan["kept"][0]] and plan2["kept"] == plan["kept"][1:]
+    assert plan2["speed"]["from"] == "speed.json" and plan2["dataset"] == "digits"  # no machine path
+    assert set(plan2["outcome"].values()) == {f"done at step {STEPS}"}
+    assert (state / "planned.txt").read_text().split() == plan["kept"]
+    # a third command plans nothing; fold passes over its folder
+    third = {**again, "OUT": str(tmp_path / "out3")}
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_window.sh")], env=third, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0 and json.loads((tmp_path / "out3" / "plan.json").read_text())["kept"] == []
+    d = folded_copy(queue_dir, tmp_path / "again")
+    assert campaign_fold.fold([tmp_path / "out2", tmp_path / "out3"], d, log=lambda m: None)["done"] == 1

@@ -353,6 +353,8 @@ def test_the_solver_choice_is_kept_per_equality_tensor(monkeypatch):
     assert method(E1, be1) == "sparse" and len(calls) == 3
     assert method() == "sparse" and len(calls) == 4                 # no A_eq: counted
     assert method() == "sparse" and len(calls) == 4
-    # a live reference, not an address: the same arrays in a new tensor are counted again
+    # a live reference, not an address: the same arrays (same key) in a new tensor right after
+    # the memo holds (A, E1) are counted again
+    assert method(E1, be1) == "sparse" and len(calls) == 5
     E3 = torch.sparse_csr_tensor(E1.crow_indices(), E1.col_indices(), E1.values(), E1.shape)
-    assert method(E3, be1) == "sparse" and len(calls) == 5
+    assert method(E3, be1) == "sparse" and len(calls) == 6
