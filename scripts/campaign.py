@@ -37,6 +37,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
 import campaign_fold  # noqa: E402
 import campaign_queue  # noqa: E402
 import gpu_tables  # noqa: E402 -- the probe, the cost model, whole-block planning, export
+import campaign_cells  # noqa: E402
 from campaign_cells import QUEUE_FILE, TERMINAL  # noqa: E402
 from campaign_jobs import composer  # noqa: E402
 
@@ -342,9 +343,35 @@ def make_queue(folder: Path, check: bool) -> int:
         print(f"queue {path} is {old.get('version')}, the configs now give {queue['version']}; "
               f"entries that differ: {', '.join(changed[:20]) or 'order / count only'}")
         return 1
+    old = campaign_queue.read_json(path, "queue") if path.is_file() else None
     campaign_queue.write_json(path, queue)
     print(f"wrote {path}: {len(queue['entries'])} entries, version {queue['version']}")
+    ledger_path = folder / campaign_cells.LEDGER_FILE
+    if old is not None and ledger_path.is_file() and old.get("version") != queue["version"]:
+        requeue_ledger(ledger_path, old, queue)
     return 0
+
+
+def requeue_ledger(path: Path, old: dict, queue: dict) -> None:
+    """Point the ledger at a new queue version where every run it records has the same entry in
+    both (same key, protocol and tables: a new order, or entries added or dropped around them);
+    the versions it held before are kept in ``earlier_queue_versions``. Otherwise leave it and
+    say which runs' entries changed (their results answer another protocol)."""
+    ledger = campaign_queue.read_json(path, "ledger")
+    before = {e["key"]: e for e in old["entries"]}
+    after = {e["key"]: e for e in queue["entries"]}
+    recorded = set(ledger.get("runs", {})) | {a["key"] for a in ledger.get("attempts", [])}
+    changed = sorted(k for k in recorded if k in before and {**before[k], "block": None} !=
+                     {**after.get(k, {}), "block": None})
+    if changed:
+        print(f"ledger {path} left at {ledger.get('queue_version')}: the entries of {', '.join(changed[:10])} "
+              f"changed; fold their runs again into a campaign folder of the new queue, or queue the old configs")
+        return
+    if ledger.get("queue_version") != queue["version"]:
+        ledger.setdefault("earlier_queue_versions", []).append(ledger.get("queue_version"))
+        ledger["queue_version"] = queue["version"]
+        campaign_queue.write_json(path, ledger)
+        print(f"ledger {path}: now queue {queue['version']} ({len(recorded)} recorded run(s), entries unchanged)")
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ import campaign  # noqa: E402
 import campaign_fold  # noqa: E402
 import campaign_queue  # noqa: E402
 import make_tables  # noqa: E402
-from campaign_jobs import compose_job  # noqa: E402
+from campaign_jobs import compose_job, composer  # noqa: E402
 
 STEPS = 6
 # two runs of one (cell, seed) block and one that cannot compose
@@ -272,6 +272,45 @@ def test_the_committed_queue_starts_with_the_cifar10_91_percent_cell_and_is_cons
     assert [e["overrides"][2] for e in first[::12]] == ["seed=0", "seed=1", "seed=2"]   # whole seeds in order
     assert entries[36]["key"] == "catdog_nk0.1_ce_lr0.1_s0" and all(e["steps"] == 40000 for e in entries)
     assert all(e.get("config_sha") for e in entries)
+    # in each cell and seed: ce and auc_lp at every lr, then the PPD baselines
+    assert [e["key"] for e in first[:6]] == [f"cifar10_nk0.1_{o}_lr{lr}_s0" for lr in ("0.1", "0.01", "0.001")
+                                             for o in ("ce", "auc_lp")]
+    assert {e["objective"] for e in first[6:12]} == {"ppd_sg", "ppd_adagrad"}
+
+
+def test_objectives_first_within_each_block_keep_blocks_whole():
+    section = campaign_queue.Section(("binary",), "table1_binary",
+                                     {"seed": ["0", "1"], "optimizer.lr": ["0.1", "0.01"],
+                                      "objective": ["ppd_sg", "ce", "auc_lp"]}, block=1,
+                                     fixed={"dataset": "digits"}, first=("ce", "auc_lp"))
+    with composer() as compose:
+        got = campaign_queue.section_jobs(section, compose)
+    assert [j["name"] for j in got] == [f"digits_{o}_lr{lr}_s{s}" for s in "01" for group in
+                                        (("ce", "auc_lp"), ("ppd_sg",)) for lr in ("0.1", "0.01")
+                                        for o in group]
+    assert [j["block"].rsplit("=", 1)[1] for j in got] == ["0"] * 6 + ["1"] * 6
+
+
+def test_a_new_queue_order_moves_the_ledger_along_and_a_changed_entry_does_not(queue_dir, returned, tmp_path,
+                                                                            monkeypatch, capsys):
+    d = folded_copy(queue_dir, tmp_path)
+    campaign_fold.fold([returned], d, log=lambda m: None)
+    old = json.loads((d / "queue.json").read_text())
+    turned = {**old, "entries": old["entries"][::-1]}
+    turned["version"] = campaign_queue.version(turned["entries"])
+    monkeypatch.setattr(campaign_queue, "build", lambda: turned)
+    assert campaign.main(["--dir", str(d), "queue"]) == 0
+    ledger = json.loads((d / "ledger.json").read_text())
+    assert ledger["queue_version"] == turned["version"] and ledger["earlier_queue_versions"] == [old["version"]]
+    assert len(ledger["runs"]) == 2
+    # an entry with a run recorded changes its protocol: the ledger stays, and says why
+    changed = json.loads(json.dumps(turned))
+    changed["entries"][-1]["config_sha"] = "f" * 16
+    changed["version"] = campaign_queue.version(changed["entries"])
+    monkeypatch.setattr(campaign_queue, "build", lambda: changed)
+    assert campaign.main(["--dir", str(d), "queue"]) == 0
+    assert json.loads((d / "ledger.json").read_text())["queue_version"] == turned["version"]
+    assert f"the entries of {changed['entries'][-1]['key']} changed" in capsys.readouterr().out
 
 
 def test_pack_cost_fits_a_pack_overhead_from_the_solo_probe_and_shares_it_within_a_pack():
