@@ -45,10 +45,11 @@ def neg_identity(m: int, like: torch.Tensor):
     return DiagonalOperator(-torch.ones(m, dtype=like.dtype, device=like.device))
 
 
-def ramp_lp(d: torch.Tensor, epsilon: float, *, method: str = "lp", backward: str = "active_set",
-            options: Mapping[str, Any] | None = None):
-    """Solve the pairwise LP for margins ``d [M]`` (or a batch ``[k, M]`` of k such LPs, one solve);
-    returns ``(z*`` of ``d``'s shape``, solution or None)``.
+def ramp_lp(d: torch.Tensor, epsilon: float | torch.Tensor, *, method: str = "lp",
+            backward: str = "active_set", options: Mapping[str, Any] | None = None):
+    """Solve the pairwise LP for margins ``d [M]`` (or a batch ``[k, M]`` of k such LPs, one solve;
+    ``epsilon`` then a float or a ``[k, 1]`` tensor, one per LP); returns ``(z*`` of ``d``'s
+    shape``, solution or None)``.
 
     ``method="closed_form"`` returns ``relu(epsilon - d)`` (the exact optimum; an oracle and a
     fast ablation), ``"lp"`` runs ``solver.solve_lp``.
@@ -142,13 +143,15 @@ class PairwiseRampLP(Objective):
         (:meth:`pack_forward`, called by :class:`packed.PackedStep`): the dense pair layout, whose
         LP size depends on the batch shape alone, with the capture-safe solver, whose per-LP
         masks keep the batched iterates equal to separate solves. Runs with equal keys solve
-        the same kind of LP; ``None``: this objective solves alone."""
+        the same kind of LP, whatever their ``epsilon`` (it enters the LP's data, ``b = d - eps``,
+        one column per run: an ε sweep shares one batched LP); ``None``: this objective solves
+        alone."""
         if (getattr(self, "pair_layout", "masked") != "dense" or self.method != "lp"
                 or not self.solver_options.get("capture_safe")
                 or any(getattr(type(self), f) is not getattr(PairwiseRampLP, f)   # a subclass that solves
                        for f in ("forward", "_dense_forward", "solve_pairs"))):   # or forms the loss its own way
             return None
-        return (type(self), self.epsilon, self.backward, repr(sorted(self.solver_options.items())))
+        return (type(self), self.backward, repr(sorted(self.solver_options.items())))
 
     @staticmethod
     def pack_forward(objectives: list["PairwiseRampLP"], logits: list[torch.Tensor],
@@ -166,12 +169,19 @@ class PairwiseRampLP(Objective):
             obj.record(degenerate_batches=~has, empty_batches=~has)
             obj.record_where(has, lp_pairs=(w > 0).sum())
             parts.append((x, d, w, has))
-        z, sol = ramp_lp(torch.stack([p[1] for p in parts]), first.epsilon, method=first.method,
-                         backward=first.backward, options=first.solver_options)
+        d = torch.stack([p[1] for p in parts])
+        eps = [obj.epsilon for obj in objectives]
+        # each run's own epsilon, one per row (a python float where all agree): the same
+        # subtraction, bit for bit, as a run's own call makes. Filled on the device, not copied
+        # from the host: a host-to-device copy is not allowed inside a CUDA-graph capture
+        epsilon = eps[0] if len(set(eps)) == 1 else \
+            torch.cat([torch.full((1, 1), e, dtype=d.dtype, device=d.device) for e in eps])
+        z, sol = ramp_lp(d, epsilon, method=first.method, backward=first.backward,
+                         options=first.solver_options)
         losses = []
         for j, (obj, (x, _, w, has)) in enumerate(zip(objectives, parts)):
             obj.record_where(has, **{name: sol.instance_stats[key][j].float() for name, key in DEVICE_STATS})
-            counted = torch.relu(first.epsilon - z[j]) / first.epsilon
+            counted = torch.relu(obj.epsilon - z[j]) / obj.epsilon
             losses.append(torch.where(has, 1.0 - (w * counted).sum(), zero_loss(x)))
         return losses
 

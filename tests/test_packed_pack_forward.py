@@ -54,10 +54,33 @@ def test_pack_forward_equals_the_separate_calls(seed):
     assert float(together[2].detach()) == 0.0
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_runs_of_different_epsilon_share_one_lp_and_equal_their_own_calls(seed):
+    """An ε sweep in one pack (the ε table's blocks): each run's ε enters its own row of b."""
+    objs = [dense(eps) for eps in (0.1, 0.01, 0.001, 0.01)]
+    twins = copy.deepcopy(objs)
+    data = [batch(100 + 10 * seed + j) for j in range(4)]
+    xs = [x.clone().requires_grad_() for x, _ in data]
+    xt = [x.clone().requires_grad_() for x, _ in data]
+    with labels_checked():
+        together = type(objs[0]).pack_forward(objs, xs, [y for _, y in data])
+        alone = [o(x, y) for o, x, (_, y) in zip(twins, xt, data)]
+    torch.stack(together).sum().backward()
+    torch.stack(alone).sum().backward()
+    for a, b_ in zip(together, alone):
+        assert torch.equal(a, b_)
+    for a, b_ in zip(xs, xt):
+        assert torch.equal(a.grad, b_.grad)
+    for o, t in zip(objs, twins):
+        assert o.pop_stats() == t.pop_stats()
+    assert len({float(t.detach()) for t in together}) > 1
+
+
 def test_only_runs_that_can_share_one_lp_get_a_key():
     base = dense()
     assert base.pack_key() == dense().pack_key() is not None
-    assert dense(eps=0.1).pack_key() != base.pack_key()                       # another LP
+    assert dense(eps=0.1).pack_key() == base.pack_key()                       # ε is data: one LP
+    assert dense(solver={"tol": 1e-7}).pack_key() != base.pack_key()         # other solver options
     assert AUCLoss(method="lp").pack_key() is None                            # masked layout: M varies
     assert AUCLoss(method="closed_form").pack_key() is None
     ova = AUCOneVsAllLoss(num_classes=3).capture_safe_form()
@@ -74,7 +97,8 @@ def build(objectives, batch_losses: bool):
 
 
 def test_a_pack_trains_the_same_with_one_batched_lp(monkeypatch):
-    objectives = [dense(), dense(), CrossEntropy().double(), dense(), dense(eps=0.1)]
+    objectives = [dense(), dense(), CrossEntropy().double(), dense(), dense(eps=0.1),
+                  dense(solver={"tol": 1e-7})]
     calls = []
     real = AUCLoss.pack_forward
     monkeypatch.setattr(AUCLoss, "pack_forward", staticmethod(lambda o, x, y: calls.append(len(o)) or real(o, x, y)))
@@ -82,14 +106,36 @@ def test_a_pack_trains_the_same_with_one_batched_lp(monkeypatch):
     g = torch.Generator().manual_seed(3)
     with labels_checked():
         for step in range(4):
-            x = torch.randn(5, 10, *SHAPE, generator=g, dtype=torch.float64)
-            y = (torch.rand(5, 10, generator=g) < 0.5).long()
+            x = torch.randn(6, 10, *SHAPE, generator=g, dtype=torch.float64)
+            y = (torch.rand(6, 10, generator=g) < 0.5).long()
             y[1] = 1 if step == 2 else y[1]   # a batch without negatives in one LP run
             outs = {flag: st.step(x, y, step).losses for flag, (_, st) in runs.items()}
             assert torch.equal(outs[True], outs[False])
-    assert calls == [3] * 4   # runs 0, 1, 3 share one LP per step; run 4 (another eps) and ce alone
+    assert calls == [4] * 4   # runs 0, 1, 3, 4 (another eps) share one LP per step; ce and run 5 alone
     (pa, sa), (pb, sb) = runs[True], runs[False]
     for k in pa.params:
         assert torch.equal(pa.params[k], pb.params[k])
     for oa, ob in zip(sa.objectives, sb.objectives):
         assert oa.pop_stats() == ob.pop_stats()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (a CUDA-graph capture)")
+def test_an_epsilon_sweep_captures_in_a_cuda_graph():
+    """The per-run ε column is filled on the device: nothing copied from the host while capturing."""
+    objs = [dense(eps).cuda() for eps in (0.1, 0.01, 0.001)]
+    data = [batch(200 + j) for j in range(3)]
+    xs = [x.cuda() for x, _ in data]
+    ys = [y.cuda() for _, y in data]
+    with labels_checked():
+        eager = type(objs[0]).pack_forward(objs, xs, ys)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            type(objs[0]).pack_forward(objs, xs, ys)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = type(objs[0]).pack_forward(objs, xs, ys)
+        graph.replay()
+    for a, b_ in zip(captured, eager):
+        assert torch.equal(a, b_)
