@@ -173,16 +173,14 @@ def _certify(prob, z, system, pen_u, accept_tol, method, fixed=False):
     amplification); the thresholded penalty multipliers; least-norm multipliers on the rows
     with positive penalty multipliers only (a degenerate vertex has more tight rows than
     the dual needs, and the least-norm fit over all of them can go negative).  ``pen_u``
-    None: the first candidate only (a guessed vertex has no penalty multipliers); a tuple or a
-    :class:`PenaltyDuals` (which keeps the third candidate across a recovery's vertices).
+    None: the first candidate only (a guessed vertex has no penalty multipliers); else a
+    :class:`PenaltyDuals`, which keeps the third candidate across the vertices it is tried on.
     ``fixed`` (:mod:`solver.capture`): every candidate is computed and the "stop once the whole
     batch passes" test is a device mask instead of a host branch (same result)."""
     u = _least_norm_dual(prob, system)
     primal = primal_measures(prob, z)   # the same z for every candidate
     best = [*u, *kkt_measures(prob, z, *u, primal=primal)]
     best_kkt = _kkt(best[3:6])
-    if pen_u is not None and not isinstance(pen_u, PenaltyDuals):
-        pen_u = PenaltyDuals(prob, pen_u, method, system.cg_tol, system.cg_max_iter)
     candidates = [] if pen_u is None else [lambda: pen_u.u, pen_u.least_norm]
     for make in candidates:
         passed = (best_kkt <= accept_tol).all()
@@ -311,10 +309,11 @@ def recover_vertex(prob, x, u, *, method, cg_tol=1e-12, cg_max_iter=1000, accept
     x = x.detach()
     wA, wz = _tight(prob, x)
     z, system = _solve_active(prob, x, wA, wz, method, cg_tol, cg_max_iter)
-    cert = _certify(prob, z, system, u, accept_tol, method)
+    pen = PenaltyDuals(prob, u, method, cg_tol, cg_max_iter)   # (shared by both certificates)
+    cert = _certify(prob, z, system, pen, accept_tol, method)
     worse = _kkt(cert[3:6]) > accept_tol
     if bool(worse.any()):
-        cert_x = _certify(prob, x, system, u, accept_tol, method)
+        cert_x = _certify(prob, x, system, pen, accept_tol, method)
         use_x = worse & (_kkt(cert_x[3:6]) < _kkt(cert[3:6]))
         z = _where(use_x, x, z)
         cert = [_where(use_x, a, b) for a, b in zip(cert_x, cert)]
