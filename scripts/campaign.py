@@ -37,8 +37,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
 import campaign_fold  # noqa: E402
 import campaign_queue  # noqa: E402
 import gpu_tables  # noqa: E402 -- the probe, the cost model, whole-block planning, export
-import campaign_cells  # noqa: E402
-from campaign_cells import QUEUE_FILE, TERMINAL  # noqa: E402
+from campaign_cells import LEDGER_FILE, QUEUE_FILE, TERMINAL  # noqa: E402
 from campaign_jobs import composer  # noqa: E402
 
 EVAL_EVERY = 2000   # 20 evaluations per 40k run: best-val selection, at ~1/15 of the step time on an H100
@@ -192,7 +191,8 @@ def read_speed(path: Path) -> dict:
     ``ms_per_run_step`` ranges: their low end)."""
     data = json.loads(path.read_text())
     # (recorded in plan.json, which fold commits: a path inside the checkout as a relative one)
-    where = path.resolve().relative_to(ROOT).as_posix() if path.resolve().is_relative_to(ROOT) else path.name
+    full = path.resolve()
+    where = full.relative_to(ROOT).as_posix() if full.is_relative_to(ROOT) else path.name
     if "speed" in data:   # the committed rates: a window's probe (campaign_status.speed_of)
         import campaign_status
         return {**campaign_status.speed_of(data), "from": where}
@@ -346,7 +346,7 @@ def make_queue(folder: Path, check: bool) -> int:
     old = campaign_queue.read_json(path, "queue") if path.is_file() else None
     campaign_queue.write_json(path, queue)
     print(f"wrote {path}: {len(queue['entries'])} entries, version {queue['version']}")
-    ledger_path = folder / campaign_cells.LEDGER_FILE
+    ledger_path = folder / LEDGER_FILE
     if old is not None and ledger_path.is_file() and old.get("version") != queue["version"]:
         requeue_ledger(ledger_path, old, queue)
     return 0

@@ -61,10 +61,11 @@ def trained_nothing(p: Path) -> bool:
         json.loads(plan.read_text()).get("kept") == []
 
 
-def read_records(paths: list[Path]) -> list[dict]:
+def read_records(paths: list[Path], log=print) -> list[dict]:
     records = []
     for p in map(Path, paths):
         if trained_nothing(p):
+            log(f"fold: {p}: its command planned no run (plan.json keeps none): nothing to fold there")
             continue
         f = p / "runs.jsonl.gz" if p.is_dir() else p
         if not f.is_file():
@@ -110,10 +111,7 @@ def fold(paths: list[Path], folder: Path, log=print) -> dict[str, int]:
     """Fold returned ``runs.jsonl.gz`` files into ``folder``; returns counts per outcome."""
     queue, ledger = campaign_queue.load(folder)
     entries = {e["key"]: e for e in queue["entries"]}
-    for p in map(Path, paths):
-        if trained_nothing(p):
-            log(f"fold: {p}: its command planned no run (plan.json keeps none): nothing to fold there")
-    records = read_records(paths)
+    records = read_records(paths, log)
     problems = []
     for rec in records:
         key, res = rec.get("name"), rec.get("results")
