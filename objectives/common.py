@@ -160,6 +160,42 @@ def solver_stats(sol) -> dict[str, float]:
             "lp_converged": _scalar(get("converged"))}
 
 
+# solver_stats' names of the diagnostics kept on the device with solver.capture_safe
+DEVICE_STATS = (("lp_iterations", "iterations"), ("lp_kkt_residual", "kkt_residual"),
+                ("lp_active", "active_count"), ("lp_converged", "converged"))
+
+
+def device_solver_stats(sol) -> dict[str, torch.Tensor]:
+    """:func:`solver_stats` of a capture-safe solve as 0-dim device tensors (no host read;
+    :meth:`objectives.base.Objective.record` sums them on the device)."""
+    return {name: sol.stats[key].float().mean() for name, key in DEVICE_STATS}
+
+
+def capture_twin(objective, logits: torch.Tensor, labels: torch.Tensor, *, solver: bool = True,
+                 **attrs: Any):
+    """A copy of ``objective`` with the attributes ``attrs`` set and, with ``solver``, its
+    ``solver_options`` on the capture-safe path (``capture_safe=True``; ``forward="auto"``
+    becomes ``"newton"``, since "auto" may route to HiGHS on the CPU), tried on the batch
+    ``(logits, labels)``; ``None`` where the solver refuses its options (each needs the host:
+    ``backward="unrolled"``, ``forward="highs"``, a warm start, a sketch, ...).  The trial's
+    statistics are dropped."""
+    import copy
+    from solver.errors import LPInputError
+    twin = copy.deepcopy(objective)
+    for name, value in attrs.items():
+        setattr(twin, name, value)
+    if solver:
+        forward = twin.solver_options.get("forward", "auto")
+        twin.solver_options = {**twin.solver_options, "capture_safe": True,
+                               "forward": "newton" if forward == "auto" else forward}
+    try:
+        twin(logits, labels)
+    except LPInputError:
+        return None
+    twin.pop_stats()   # the trial batch is no training batch
+    return twin
+
+
 def solve(c, A, b, A_eq=None, b_eq=None, *, backward: str = "active_set",
           options: Mapping[str, Any] | None = None):
     """``solver.solve_lp`` with the objective's ``solver`` options (imported late so the LP

@@ -30,13 +30,22 @@ from typing import Any
 import torch
 
 from objectives.base import Objective
-from objectives.common import (check_backward, check_solver_options, finite_positive, lp_logits,
-                               solve, solver_stats, zero_loss)
+from objectives.common import (DEVICE_STATS, capture_twin, check_backward, check_solver_options,
+                               device_solver_stats, finite_positive, lp_logits, solve, solver_stats,
+                               zero_loss)
 
 METHODS = ("lp", "closed_form")
-# solver_stats' names of the diagnostics kept on the device with solver.capture_safe
-DEVICE_STATS = (("lp_iterations", "iterations"), ("lp_kkt_residual", "kkt_residual"),
-                ("lp_active", "active_count"), ("lp_converged", "converged"))
+#: ``masked``: the pairs that count, gathered by boolean masks (shapes depend on the labels: a
+#: host sync per batch); ``dense``: all B x B ordered pairs, zero weight off the ones that count,
+#: a fixed shape, no sync (with ``solver.capture_safe`` the whole loss is capturable)
+PAIR_LAYOUTS = ("masked", "dense")
+
+
+def check_pair_layout(pair_layout: str) -> str:
+    """``pair_layout`` if it is one of :data:`PAIR_LAYOUTS`, else a ``ValueError``."""
+    if pair_layout not in PAIR_LAYOUTS:
+        raise ValueError(f"pair_layout must be one of {PAIR_LAYOUTS}; got {pair_layout!r}")
+    return pair_layout
 
 
 def neg_identity(m: int, like: torch.Tensor):
@@ -109,10 +118,39 @@ class PairwiseRampLP(Objective):
 
     def dense_pairs(self, logits: torch.Tensor, labels: torch.Tensor):
         """``(d [M], w [M], has_pairs)`` with ``M`` fixed by the batch shape alone (no host sync):
-        the pairs of :meth:`pairs` in the same order, interleaved with pairs of weight 0, and
-        ``has_pairs`` a 0-dim bool tensor. Subclasses that support ``pair_layout="dense"``
-        implement it."""
+        the pairs of :meth:`pairs` (in the same order, or permuted), interleaved with pairs of
+        weight 0, and ``has_pairs`` a 0-dim bool tensor; a fourth item, a 0-dim bool
+        ``degenerate``, where a batch with pairs can still be degenerate (default: ``~has_pairs``).
+        Subclasses that support ``pair_layout="dense"`` implement it."""
         raise NotImplementedError(f"{type(self).__name__} has no pair_layout='dense'; use 'masked'")
+
+    @property
+    def capturable(self) -> bool:
+        """Dense pairs with the capture-safe solver or the closed form: no host sync anywhere
+        (``tests/test_auc_dense_pairs.py``, ``tests/test_objectives_capture_ova.py``)."""
+        return getattr(self, "pair_layout", "masked") == "dense" and (
+            self.method == "closed_form" or bool(self.solver_options.get("capture_safe")))
+
+    def capture_safe_form(self) -> "PairwiseRampLP | None":
+        """This loss with ``pair_layout="dense"`` and, for ``method="lp"``, the capture-safe
+        solver: the same loss and gradient, no host sync.  ``None`` for a loss without a dense
+        layout, and where the solver options need the host (e.g. ``backward="unrolled"``, a
+        warm start): the solver refuses them, tried here on a two-sample batch."""
+        if self.capturable:
+            return self
+        if type(self).dense_pairs is PairwiseRampLP.dense_pairs:
+            return None
+        k = max(2, getattr(self, "num_classes", 2))
+        return capture_twin(self, torch.zeros(2, k), torch.tensor([0, 1]),
+                            solver=self.method == "lp", pair_layout="dense")
+
+    def _dense_batch(self, logits: torch.Tensor, labels: torch.Tensor):
+        """``(d, w, has_pairs)`` of :meth:`dense_pairs`, with the degenerate-batch and pair-count
+        statistics recorded as :meth:`batch_pairs` records them (on the device)."""
+        d, w, has, *rest = self.dense_pairs(logits, labels)
+        self.record(degenerate_batches=rest[0] if rest else ~has, empty_batches=~has)
+        self.record_where(has, lp_pairs=(w > 0).sum())
+        return d, w, has
 
     def forward(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         logits = lp_logits(logits)
@@ -131,9 +169,7 @@ class PairwiseRampLP(Objective):
         same size, and a batch without pairs gets the zero loss on the device, not by a branch.
         The zero-weight pairs are LP rows of their own (the LP is separable), so the loss and its
         gradient are the masked layout's; the solver diagnostics cover all ``M`` rows."""
-        d, w, has = self.dense_pairs(logits, labels)
-        self.record(degenerate_batches=~has, empty_batches=~has)
-        self.record_where(has, lp_pairs=(w > 0).sum())
+        d, w, has = self._dense_batch(logits, labels)
         z = self.solve_pairs(d, when=has)
         counted = torch.relu(self.epsilon - z) / self.epsilon
         return torch.where(has, 1.0 - (w * counted).sum(), zero_loss(logits))
@@ -165,9 +201,7 @@ class PairwiseRampLP(Objective):
         parts = []
         for obj, x, y in zip(objectives, logits, labels):
             x = lp_logits(x)
-            d, w, has = obj.dense_pairs(x, y)
-            obj.record(degenerate_batches=~has, empty_batches=~has)
-            obj.record_where(has, lp_pairs=(w > 0).sum())
+            d, w, has = obj._dense_batch(x, y)
             parts.append((x, d, w, has))
         d = torch.stack([p[1] for p in parts])
         eps = [obj.epsilon for obj in objectives]
@@ -195,8 +229,8 @@ class PairwiseRampLP(Objective):
             return z
         # capture_safe: the device tensors themselves (Objective.record sums them in place on
         # the device, read once by pop_stats); else solver_stats' host floats
-        stats = ({name: sol.stats[key].float().mean() for name, key in DEVICE_STATS}
-                 if self.solver_options.get("capture_safe") else solver_stats(sol))
+        stats = (device_solver_stats(sol) if self.solver_options.get("capture_safe")
+                 else solver_stats(sol))
         if when is None:
             self.record(**stats)
         else:
