@@ -42,6 +42,10 @@ Why ``torch.func`` and not a hand-written grouped-convolution ResNet:
 * Exactness: in float64 on the CPU two packed ResNet-18 steps match separate steps to 5e-14
   (grouped kernels sum in another order; nothing else differs); the MLP's match bitwise.
 
+``mode="gemm"`` (:mod:`packed.gemm`) computes a torchvision ResNet-18's convolutions as batched
+GEMMs over the runs instead of grouped convolutions, from the same storage (``PackError`` for
+other architectures).
+
 Limits: dropout (random, so no packed run could equal its separate twin; ``PackError``); all N
 models must have the same class, state-dict keys, shapes, dtype and device (else ``PackError``
 naming the model and key); ``PackedModels`` must not be moved with ``.to()`` after packing (the
@@ -55,13 +59,16 @@ import torch
 from torch import nn
 from torch.func import functional_call, vmap
 
+from packed import gemm
+
 
 #: How the packed forward runs: ``vmap`` (one grouped computation: the GPU's mode), ``loop``
 #: (each model on its own rows of the storage, one after another: the CPU's mode, where oneDNN's
 #: grouped convolutions are slower than N plain ones), ``auto`` (vmap on CUDA, loop elsewhere).
-#: Both write the same storage and share one backward; ``loop`` runs each model's own kernels,
-#: so it equals separate runs bit for bit.
-MODES = ("auto", "vmap", "loop")
+#: ``gemm`` (torchvision ResNet-18/34 only: each convolution one batched GEMM over the runs,
+#: :mod:`packed.gemm`; not chosen by ``auto``). All write the same storage and share one
+#: backward; ``loop`` runs each model's own kernels, so it equals separate runs bit for bit.
+MODES = ("auto", "vmap", "loop", "gemm")
 
 
 class PackError(ValueError):
@@ -172,6 +179,13 @@ class PackedModels:
             view._register_state_dict_hook(_own_storage)
             self.models.append(view)
         self._skeleton.train(models[0].training)
+        self._gemm_plan = self._plan_gemm() if mode == "gemm" else None
+
+    def _plan_gemm(self) -> gemm.Plan:
+        try:
+            return gemm.plan(self._skeleton)
+        except gemm.GemmPlanError as exc:
+            raise PackError(str(exc)) from exc
 
     @property
     def training(self) -> bool:
@@ -206,6 +220,10 @@ class PackedModels:
         mode = self.mode if self.mode != "auto" else ("vmap" if x.device.type == "cuda" else "loop")
         if mode == "loop":
             return self._loop(x)
+        if mode == "gemm":   # the mode may be set after packing (a benchmark times each in turn)
+            if self._gemm_plan is None:
+                self._gemm_plan = self._plan_gemm()
+            return gemm.forward(self._gemm_plan, self.params, self.buffers, x, self.training)
         if torch.is_autocast_enabled(x.device.type):
             with _Float32BatchNorm():
                 return vmap(self._one)(self.params, self.buffers, x)

@@ -11,13 +11,19 @@ CUDA, tries to capture the sync-free packed step in a CUDA graph (the reason is 
 cannot). Each cell times four modes: packed (eager, one finiteness read per run and step), packed
 sync-free (:class:`packed.PackedStep`'s sync-free mode), the same with one pack-wide SGD update
 instead of N per-run optimizers (:class:`packed.optim.PackedSGD`; "–" where the runs' optimizer is
-not plain SGD, e.g. PPD) and separate; on CUDA it captures the sync-free step both ways (pack-wide
+not plain SGD, e.g. PPD) and separate; beside them, the eager packed step with each pack
+forward of ``--forwards`` (:data:`packed.model.MODES`: ``vmap``'s grouped convolutions, ``loop``'s
+per-run kernels, ``gemm``'s batched GEMMs over the runs, :mod:`packed.gemm`), reported as
+``gemm/vmap``; ``--pack-mode`` picks the forward of the packed, sync-free and graph columns
+(default ``auto``: vmap on CUDA, loop on the CPU). On CUDA it captures the sync-free step both ways (pack-wide
 update first). Optimizers come from the composed config (``objective=ppd_sg`` brings
 ``optimizer=ppd_sg``), and the packed runs train the objective form the launcher picks on that
 device (:func:`packed.graph.capture_form`: ``auc_lp`` dense and capture-safe on CUDA); the
 separate runs train the configured one, as ``train.py`` would.
 FLOPs per run-step are counted with ``torch.utils.flop_counter.FlopCounterMode`` on one forward +
-backward of one model (convolutions and matmuls; the optimizer and the LP solver are not counted).
+backward of one model (convolutions and matmuls; the optimizer and the LP solver are not counted),
+and of one run of the ``gemm`` pack, which skips the taps that meet only padding; every TFLOP/s
+column uses the model's count.
 
     OMP_NUM_THREADS=1 python scripts/bench_packed.py --device cpu --budget-s 1200
     python scripts/bench_packed.py --device cuda --budget-s 420          # N = 1 8 24 48 96
@@ -54,11 +60,13 @@ sys.path.insert(0, str(ROOT))
 from hydra.utils import instantiate  # noqa: E402
 
 from builders import instantiate_runtime  # noqa: E402
+from packed import PackError, pack  # noqa: E402
 from packed.graph import capture_form  # noqa: E402
 from packed.optim import PackedSGD, unsupported  # noqa: E402
 from packed.speed import build_runs, graph_ms, interleaved_ms, peak_memory_mb  # noqa: E402
 
 DEFAULT_N = [1, 8, 24, 48, 96]
+FORWARDS = ["vmap", "loop", "gemm"]   # pack forwards timed side by side (packed.model.MODES)
 # one CPU thread does a ResNet-18 step (32 px, batch 64) in ~0.25 s: N=24 packed + separate with
 # warm-up and 3 reps is already ~1 min per cell and N=96 ~4 min, so the CPU default stops at 8
 CPU_DEFAULT_MAX_N = 8
@@ -70,7 +78,8 @@ CELL_KEYS = ["px", "objective", "dtype", "n", "status", "reason", "packed_ms", "
              "packed_ms_per_run", "separate_ms_per_run", "ratio", "tflops_packed",
              "tflops_separate", "graph_ms", "graph_status", "mem_packed_mb", "mem_separate_mb",
              "mem_how", "wall_s", "objective_form", "sync_free_pack_ms", "graph_pack_ms",
-             "graph_pack_status"]
+             "graph_pack_status", "pack_mode", "vmap_ms", "loop_ms", "gemm_ms", "gemm_vs_vmap",
+             "forwards_note"]
 
 
 def compose_cfg(overrides: list[str]):
@@ -99,6 +108,43 @@ def count_flops(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> int
     return int(counter.get_total_flops())
 
 
+def count_gemm_flops(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> int | None:
+    """FLOPs of one run's forward + backward in a ``gemm`` pack (None: the mode refuses the model)."""
+    try:
+        packed = pack([model], "gemm")
+    except PackError:
+        return None
+    with FlopCounterMode(display=False) as counter:
+        torch.nn.functional.cross_entropy(packed(x[None])[0], y).backward()
+    return int(counter.get_total_flops())
+
+
+def time_forwards(st, step, spec: dict, device: torch.device) -> dict:
+    """ms per eager packed step with each pack forward of ``spec["forwards"]``; the forward the
+    pack already runs is the ``packed`` column, so only the others are timed (alternately)."""
+    here = st.packed.mode if st.packed.mode != "auto" else ("vmap" if device.type == "cuda" else "loop")
+    fns, notes = {}, []
+
+    def with_mode(m):
+        def run():
+            st.packed.mode = m
+            try:
+                return step()
+            finally:
+                st.packed.mode = spec["pack_mode"]
+        return run
+    for m in spec["forwards"]:
+        if m == here:
+            continue
+        try:
+            with_mode(m)()   # warm-up, and the refusal (PackError) of a mode the model lacks
+            fns[m] = with_mode(m)
+        except PackError as exc:
+            notes.append(f"{m}: n/a ({str(exc)[:80]})")
+    ms = interleaved_ms(fns, spec["reps"], device, warmup=0) if fns else {}
+    return {**ms, "here": here, "note": "; ".join(notes)}
+
+
 def run_cell(spec: dict, emit=None) -> dict:
     """Measure one (px, objective, dtype, N) cell in this process; returns a row of CELL_KEYS.
     ``emit(row)`` receives the row once before the CUDA-graph attempt, which can kill the process."""
@@ -110,6 +156,7 @@ def run_cell(spec: dict, emit=None) -> dict:
                       make_optimizer=make_optimizer, pack_form=lambda o: capture_form(o, device),
                       pack_update=False)
     st = runs.stepper
+    st.packed.mode = spec["pack_mode"]
     probe = make_objective()
     form = "as configured" if capture_form(probe, device) is probe else "capture-safe"
     pack_sgd = None if unsupported(st.packed, st.optimizers) else PackedSGD(st.packed, st.optimizers)
@@ -133,6 +180,8 @@ def run_cell(spec: dict, emit=None) -> dict:
         sync_free_pack()
         fns["sync_free_pack"] = sync_free_pack
     ms = interleaved_ms(fns, spec["reps"], device, warmup=0)
+    fwd = time_forwards(st, runs.packed, spec, device)
+    fwd[fwd.pop("here")] = ms["packed"]
     n, flops = spec["n"], spec["flops"]
     row = dict(px=spec["px"], objective=spec["objective"], dtype=spec["dtype"], n=n, status="ok",
                reason="", packed_ms=ms["packed"], sync_free_ms=ms["sync_free"],
@@ -145,7 +194,10 @@ def run_cell(spec: dict, emit=None) -> dict:
                mem_separate_mb=mem_s, mem_how=how, wall_s=time.perf_counter() - t0,
                objective_form=form,
                sync_free_pack_ms=ms.get("sync_free_pack"), graph_pack_ms=None,
-               graph_pack_status="n/a (optimizer not plain SGD)" if pack_sgd is None else "not attempted")
+               graph_pack_status="n/a (optimizer not plain SGD)" if pack_sgd is None else "not attempted",
+               pack_mode=spec["pack_mode"], vmap_ms=fwd.get("vmap"), loop_ms=fwd.get("loop"),
+               gemm_ms=fwd.get("gemm"), forwards_note=fwd["note"],
+               gemm_vs_vmap=fwd["gemm"] / fwd["vmap"] if fwd.get("gemm") and fwd.get("vmap") else None)
     if emit:
         emit(row)
     if pack_sgd is not None:   # the new path first: a failed capture can end the process
@@ -209,7 +261,9 @@ def plan_skip(spec: dict, rows: list[dict], left: float, explicit_n: bool, on_cp
     done = [r for r in rows if r["status"] == "ok" and r["dtype"] == spec["dtype"]]
     if done:   # ms per run-step per FLOP from the closest measured cell, times this cell's steps
         ref = max(done, key=lambda r: (r["px"] == spec["px"], r["n"]))
-        per_flop = (ref["packed_ms_per_run"] + ref["separate_ms_per_run"]) / spec["flops_of"][ref["px"]]
+        timed = [v for v in (ref.get(f"{m}_ms") for m in FORWARDS) if v]   # one is the packed column
+        extra = (sum(timed) - ref["packed_ms"]) / ref["n"] if timed else 0.0
+        per_flop = (ref["packed_ms_per_run"] + ref["separate_ms_per_run"] + extra) / spec["flops_of"][ref["px"]]
         predicted = 5 + (spec["reps"] + 2) * n * per_flop * spec["flops"] / 1000
         if predicted > left:
             return f"predicted {predicted:.0f} s > {left:.0f} s left of --budget-s"
@@ -234,7 +288,8 @@ def project(rows: list[dict], flops_of: dict[int, int]) -> list[dict]:
              ("packed bf16", "bf16", "packed_ms"), ("sync-free fp32", "fp32", "sync_free_ms"),
              ("sync-free bf16", "bf16", "sync_free_ms"), ("graph fp32", "fp32", "graph_ms"),
              ("graph bf16", "bf16", "graph_ms"), ("graph+pack-SGD fp32", "fp32", "graph_pack_ms"),
-             ("graph+pack-SGD bf16", "bf16", "graph_pack_ms")]
+             ("graph+pack-SGD bf16", "bf16", "graph_pack_ms"), ("gemm fp32", "fp32", "gemm_ms"),
+             ("gemm bf16", "bf16", "gemm_ms")]
     out = []
     for name in TABLES:
         counts = table_runs(name)
@@ -257,11 +312,12 @@ def project(rows: list[dict], flops_of: dict[int, int]) -> list[dict]:
     return out
 
 
-def ratio_by_n(rows: list[dict]) -> dict[str, dict]:
-    """Packed/separate time ratio per N over the measured cells: median, min, max, count."""
+def ratio_by_n(rows: list[dict], key: str = "ratio") -> dict[str, dict]:
+    """A time ratio (``key``: packed/separate, or ``gemm_vs_vmap``) per N over the measured
+    cells: median, min, max, count."""
     out = {}
-    for n in sorted({r["n"] for r in rows if r["status"] == "ok"}):
-        ratios = sorted(r["ratio"] for r in rows if r["status"] == "ok" and r["n"] == n)
+    for n in sorted({r["n"] for r in rows if r["status"] == "ok" and r.get(key) is not None}):
+        ratios = sorted(r[key] for r in rows if r["status"] == "ok" and r["n"] == n and r.get(key) is not None)
         out[str(n)] = {"median": statistics.median(ratios), "min": ratios[0], "max": ratios[-1],
                        "cells": len(ratios)}
     return out
@@ -290,7 +346,8 @@ def markdown(report: dict) -> str:
     lines = [f"Command: `{report['command']}`", "",
              "Machine: " + ", ".join(f"{k} {v}" for k, v in report["machine"].items()), "",
              "FLOPs per run-step (forward + backward, FlopCounterMode): " + ", ".join(
-                 f"{px} px {f / 1e9:.2f} GFLOP" for px, f in report["flops"].items()), "",
+                 f"{px} px {f / 1e9:.2f} GFLOP" for px, f in report["flops"].items())
+             + gemm_flops_note(report), "",
              "| px | objective | dtype | N | packed ms/step | sync-free ms/step | sync-free + pack SGD | "
              "separate ms/step | packed ms/run | packed/separate | TFLOP/s packed | TFLOP/s separate | "
              "graph ms/step | graph + pack SGD | TFLOP/s best graph | peak MB packed | peak MB separate | note |",
@@ -321,6 +378,7 @@ def markdown(report: dict) -> str:
     lines += ["", "Packed / separate per run (median over objectives and dtypes; > 1 = packing slower): "
               + "; ".join(f"N={n}: {v['median']:.2f} ({v['min']:.2f}-{v['max']:.2f}, {v['cells']} cells)"
                           for n, v in report["ratio_by_n"].items())]
+    lines += forwards_table(report)
     lines += ["", f"Projected wall time of each paper table ({STEPS_PER_RUN} steps per run, runs one "
               "after another on this device, evaluation not included), hours:", "",
               "| table | runs (by px) | " + " | ".join(report["projection"][0]["hours"]) + " |",
@@ -333,6 +391,35 @@ def markdown(report: dict) -> str:
     lines += ["", "Basis of the projection: " + "; ".join(
         f"{k}: {v}" for k, v in report["projection"][0]["basis"].items())]
     return "\n".join(lines) + "\n"
+
+
+def gemm_flops_note(report: dict) -> str:
+    counted = {px: f for px, f in report.get("flops_gemm", {}).items() if f is not None}
+    return ("; one run of the gemm pack computes " + ", ".join(
+        f"{px} px {f / 1e9:.2f} GFLOP" for px, f in counted.items()) + " (taps that meet only padding "
+        "skipped); TFLOP/s use the model's count") if counted else ""
+
+
+def forwards_table(report: dict) -> list[str]:
+    """The eager packed step with each pack forward, side by side (empty for old reports)."""
+    rows = [r for r in report["cells"] if r["status"] == "ok" and "gemm_ms" in r]
+    if not rows:
+        return []
+    lines = ["", "Pack forwards, eager packed step (same pack, timed alternately; the column of the "
+             "pack's own forward is its packed ms/step):", "",
+             "| px | objective | dtype | N | vmap ms/step | loop ms/step | gemm ms/step | gemm/vmap | "
+             "TFLOP/s gemm | note |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        tflops = (int(report["flops"][str(r["px"])]) * r["n"] / r["gemm_ms"] / 1e9) if r["gemm_ms"] else None
+        lines.append(f"| {r['px']} | {r['objective']} | {r['dtype']} | {r['n']} | {_f(r['vmap_ms'])} | "
+                     f"{_f(r['loop_ms'])} | {_f(r['gemm_ms'])} | {_f(r['gemm_vs_vmap'], '{:.2f}')} | "
+                     f"{_f(tflops, '{:.4f}')} | {r['forwards_note']} |")
+    by_n = report.get("gemm_vs_vmap_by_n") or {}
+    if by_n:
+        lines += ["", "gemm / vmap per N (median over cells; < 1 = gemm faster): " + "; ".join(
+            f"N={n}: {v['median']:.2f} ({v['min']:.2f}-{v['max']:.2f}, {v['cells']} cells)"
+            for n, v in by_n.items())]
+    return lines
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -349,6 +436,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads per cell")
     ap.add_argument("--model", default="resnet18", help="configs/model/<name>.yaml")
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="extra config overrides")
+    ap.add_argument("--forwards", nargs="+", default=FORWARDS, choices=FORWARDS,
+                    help="pack forwards timed side by side as eager packed steps")
+    ap.add_argument("--pack-mode", default="auto", choices=["auto"] + FORWARDS,
+                    help="forward of the packed / sync-free / graph columns (auto: vmap on CUDA, loop on CPU)")
     ap.add_argument("--inline", action="store_true", help="cells in this process (tests; memory then "
                     "depends on earlier cells)")
     ap.add_argument("--out", default="results/packed_bench")
@@ -368,23 +459,29 @@ def main(argv: list[str] | None = None) -> dict:
     if args.render:   # a bench.json from another machine (e.g. a GPU slot's $OUT)
         return write(json.loads(Path(args.render).read_text()), Path(args.out))
     start, device = time.monotonic(), torch.device(args.device)
-    flops_of = {}
+    flops_of, flops_gemm = {}, {}
     for px in sorted(set(args.px) | set(IMAGE_PX.values())):   # all table sizes: projection
         x, y = torch.randn(args.batch, 3, px, px), torch.randint(0, 2, (args.batch,))
-        flops_of[px] = count_flops(makers(args.model, "ce", px, args.batch, args.set)[0](), x, y)
+        make_model = makers(args.model, "ce", px, args.batch, args.set)[0]
+        flops_of[px] = count_flops(make_model(), x, y)
+        if px in args.px:
+            flops_gemm[str(px)] = count_gemm_flops(make_model(), x, y)
     rows: list[dict] = []
     report = {"schema": "bench_packed/1",
               "command": shlex.join(["python", "scripts/bench_packed.py"] + list(argv if argv is not None else sys.argv[1:])),
               "device": args.device, "machine": machine(device),
-              "settings": {k: getattr(args, k) for k in ("batch", "reps", "budget_s", "threads", "model", "set")},
-              "flops": {str(k): v for k, v in flops_of.items()}, "cells": rows, "wall_s": 0.0}
+              "settings": {k: getattr(args, k) for k in ("batch", "reps", "budget_s", "threads", "model", "set",
+                                                          "forwards", "pack_mode")},
+              "flops": {str(k): v for k, v in flops_of.items()}, "flops_gemm": flops_gemm, "cells": rows,
+              "wall_s": 0.0}
     for n in args.n or DEFAULT_N:
         for px in args.px:
             for dtype in args.dtypes:
                 for objective in args.objectives:
                     spec = dict(device=args.device, model=args.model, set=args.set, batch=args.batch,
                                 reps=args.reps, px=px, objective=objective, dtype=dtype, n=n,
-                                flops=flops_of[px], flops_of=flops_of)
+                                flops=flops_of[px], flops_of=flops_of, forwards=args.forwards,
+                                pack_mode=args.pack_mode)
                     left = args.budget_s - (time.monotonic() - start)
                     why = plan_skip(spec, rows, left, args.n is not None, device.type == "cpu")
                     row = (skipped(spec, why) if why else run_cell(spec) if args.inline
@@ -392,7 +489,9 @@ def main(argv: list[str] | None = None) -> dict:
                     rows.append(row)
                     print(f"{px}px {objective} {dtype} N={n}: " + (
                         f"packed {row['packed_ms']:.1f} ms, sync-free {_f(row.get('sync_free_ms'))} ms, "
-                        f"separate {row['separate_ms']:.1f} ms, ratio {row['ratio']:.2f}, graph "
+                        f"separate {row['separate_ms']:.1f} ms, ratio {row['ratio']:.2f}, vmap "
+                        f"{_f(row['vmap_ms'])} / loop {_f(row['loop_ms'])} / gemm {_f(row['gemm_ms'])} ms, "
+                        f"gemm/vmap {_f(row['gemm_vs_vmap'], '{:.2f}')}, graph "
                         f"{_f(row['graph_ms'])} ms ({row['graph_status'][:60]})"
                         if row["status"] == "ok" else row["reason"]), flush=True)
                     report["cells"], report["wall_s"] = rows, time.monotonic() - start
@@ -403,7 +502,8 @@ def main(argv: list[str] | None = None) -> dict:
 def write(report: dict, out: Path, echo: bool = True) -> dict:
     """Add the derived parts (ratio per N, projection) and write bench.json + bench.md."""
     flops_of = {int(k): v for k, v in report["flops"].items()}
-    report.update(ratio_by_n=ratio_by_n(report["cells"]), projection=project(report["cells"], flops_of))
+    report.update(ratio_by_n=ratio_by_n(report["cells"]), projection=project(report["cells"], flops_of),
+                  gemm_vs_vmap_by_n=ratio_by_n(report["cells"], "gemm_vs_vmap"))
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench.json").write_text(json.dumps(report, indent=1) + "\n")
     (out / "bench.md").write_text(markdown(report))

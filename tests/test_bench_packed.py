@@ -58,6 +58,7 @@ def test_tiny_sweep_writes_the_report_schema(bench, tmp_path):
     saved = json.loads((out / "bench.json").read_text())
     assert saved["schema"] == "bench_packed/1" and saved["machine"]["torch"] == torch.__version__
     assert len(saved["cells"]) == 6   # 2 N x 3 objectives
+    assert saved["flops_gemm"] == {"8": None}   # gemm mode: torchvision ResNets only
     for row in saved["cells"]:
         assert set(row) == set(bench.CELL_KEYS) and row["status"] == "ok"
         # the pack-wide SGD update is timed beside the per-run optimizers; PPD has its own optimizer
@@ -68,6 +69,9 @@ def test_tiny_sweep_writes_the_report_schema(bench, tmp_path):
         assert row["tflops_packed"] == pytest.approx(row["n"] * flops / row["packed_ms"] / 1e9)
         assert row["graph_ms"] is None and row["graph_status"].startswith("n/a (CPU")
         assert row["mem_packed_mb"] is not None and row["mem_separate_mb"] is not None
+        # the pack forwards side by side: loop is the CPU's packed column; gemm refuses an MLP
+        assert row["loop_ms"] == row["packed_ms"] and row["vmap_ms"] > 0
+        assert row["gemm_ms"] is None and row["forwards_note"].startswith("gemm: n/a")
     assert [p["table"] for p in saved["projection"]] == bench.TABLES
     # the 32/50/96 px tables are projected from the only size measured (8 px) by FLOPs
     assert all(p["hours"]["packed fp32"] > 0 and p["hours"]["graph fp32"] is None
