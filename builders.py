@@ -135,7 +135,9 @@ def predict(model: nn.Module, dataset: Dataset, *, batch_size: int = 512,
     (seed 0; the authors' test set is in CIFAR's original, class-mixed order) and the outputs are
     returned in split order. A batch of one sample cannot be normalised by its own statistics
     (BatchNorm raises on a 1x1 feature map), so a last batch of one joins the batch before it.
-    A copy of the model runs, so the running statistics of ``model`` are left untouched.
+    A copy of the model runs, so the running statistics of ``model`` are left untouched, and the
+    order comes from a generator of its own, so no global RNG stream moves (training after an
+    evaluation in either mode is what it would have been without it).
     """
     if bn_mode not in BN_MODES:
         raise ValueError(f"bn_mode must be one of {BN_MODES}, got {bn_mode!r} "

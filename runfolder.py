@@ -45,6 +45,7 @@ ALLOWED_ON_RESUME = (
     "trainer.max_steps",          # extend a run
     "trainer.eval_every",         # evaluate more or less often (no effect on the trajectory)
     "trainer.log_every", "trainer.eval_batch_size",
+    "trainer.bntrain_batch_size",  # the extra BN-train test evaluation's batch (no effect on the trajectory)
     "trainer.init_from",          # ignored on resume (the run has its own weights)
     "trainer.checkpoints",        # whether checkpoints are written (no effect on the trajectory)
     "logger",                     # where rows are mirrored

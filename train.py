@@ -6,12 +6,12 @@ with ``loss = objective(logits, labels)`` plus the optional hooks of :class:`obj
 so this file never branches on which objective runs.
 
 Writes into Hydra's run folder (:mod:`runfolder`; every file atomically, so a killed run never
-leaves a half-written one): ``metrics.csv`` (one row per evaluation), ``results.json`` (final and
-best-val metrics, split statistics, step timings, degenerate-batch fraction, launches, portable
-config, code version and machine: :mod:`provenance`), ``last.pt`` (checkpoint at every
-evaluation, the previous one kept as ``last.prev.pt``; ``resume=true`` continues from it if the
-config matches, ``resume=force`` even if not) and ``best.pt`` (weights of the best validation
-evaluation).
+leaves a half-written one): ``metrics.csv`` (one row per evaluation; test in both BatchNorm
+modes, :func:`evaluate`), ``results.json`` (final and best-val metrics, split statistics, step
+timings, degenerate-batch fraction, launches, portable config, code version and machine:
+:mod:`provenance`), ``last.pt`` (checkpoint at every evaluation, the previous one kept as
+``last.prev.pt``; ``resume=true`` continues from it if the config matches, ``resume=force`` even
+if not) and ``best.pt`` (weights of the best validation evaluation).
 
 Bad input stops early with a message naming the key, the value and a fix (:mod:`validate`), and
 :func:`main` reports these errors without a traceback. During training a non-finite score or loss
@@ -90,9 +90,31 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+#: key prefix of the test metrics in the BatchNorm mode other than ``trainer.eval_bn``
+#: (``test_bntrain_auc`` beside ``test_auc``): the names ``eval.py --bn-mode train`` and
+#: ``scripts/summarize_runs.py`` give the authors' evaluation
+OTHER_BN_PREFIX = {"train": "bntrain_", "eval": "bneval_"}
+
+
 def evaluate(model, bundle, split: str, cfg: DictConfig, device) -> dict[str, float]:
-    logits, labels = predict(model, getattr(bundle, split), batch_size=cfg.trainer.eval_batch_size,
-                             device=device, bn_mode=cfg.trainer.get("eval_bn", "eval"))
+    """Metrics of ``split`` with BatchNorm in the ``trainer.eval_bn`` mode (batches of
+    ``trainer.eval_batch_size``); for ``test`` also in the other mode, under the keys
+    ``bntrain_<metric>`` (batches of ``trainer.bntrain_batch_size``: the authors' evaluation,
+    binary_auc.py of zihangm/nondecomposable-as-lp) or, for an ``eval_bn=train`` run,
+    ``bneval_<metric>``. A run records both because it cannot recover either later without its
+    checkpoints. Neither mode touches the model's running statistics, its mode or any global RNG
+    (:func:`builders.predict`), so the training trajectory is the same as without the second."""
+    own = cfg.trainer.get("eval_bn", "eval")
+    out = _scored(model, bundle, split, device, own, cfg.trainer.eval_batch_size)
+    if split == "test":
+        other = "eval" if own == "train" else "train"
+        batch = cfg.trainer.get("bntrain_batch_size", 32) if other == "train" else cfg.trainer.eval_batch_size
+        out |= {OTHER_BN_PREFIX[other] + k: v for k, v in _scored(model, bundle, split, device, other, batch).items()}
+    return out
+
+
+def _scored(model, bundle, split: str, device, bn_mode: str, batch_size: int) -> dict[str, float]:
+    logits, labels = predict(model, getattr(bundle, split), batch_size=batch_size, device=device, bn_mode=bn_mode)
     return metrics.evaluate(labels, logits, bundle.task)
 
 

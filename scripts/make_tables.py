@@ -5,6 +5,7 @@
     python scripts/make_tables.py outputs --table f1 --format csv > f1.csv
     python scripts/make_tables.py outputs --table eps --format latex
     python scripts/make_tables.py results/paper_tables --table binary --select best-val   # + "pending" cells
+    python scripts/make_tables.py results/paper_tables --table binary --bn train   # the authors' BN evaluation
 
 Tables: binary (test_auc, seed 002 Table 1), multiclass / multiclass_mu (test_auc_ova /
 test_auc_mu, Table 2), f1 / accuracy (test_f1 / test_acc, seed 002 §5, seed 001 Table 4):
@@ -39,7 +40,18 @@ Rules
    directly inside a folder given) adds its cells with no run as "pending" and counts, per cell,
    the queued runs still missing. Under the table: the code versions of its runs (results.json
    ``provenance``; "unrecorded" before it existed); a dagger marks a cell whose runs span versions.
-5. Everything found but not placed (no results.json, another task, metric missing, lr not
+5. ``--bn`` (default eval): the BatchNorm mode of the test numbers. Every evaluation records
+   test in both modes (train.evaluate): ``test_<m>`` in the run's ``trainer.eval_bn`` mode
+   (running statistics by default) and ``test_bntrain_<m>`` with each test batch of 32
+   normalised by its own statistics (the authors' evaluation, binary_auc.py: their code never
+   calls model.eval()). eval is the default because it is standard practice and the mode every
+   run's validation is measured in (the lr choice and best-val select on it); train compares
+   with the paper's numbers. Under train a run reports its ``test_bntrain_<m>`` (a run configured
+   ``trainer.eval_bn=train``: its own ``test_<m>``), and a run that did not record it (made before
+   every evaluation scored both modes) counts as n/a: never replaced by its other number. Runs
+   configured ``trainer.eval_bn=train`` keep rows of their own (the key is part of the protocol),
+   with their own test numbers under either option.
+6. Everything found but not placed (no results.json, another task, metric missing, lr not
    selected) is listed on stderr; if nothing can be placed the script exits with status 1.
 """
 from __future__ import annotations
@@ -69,6 +81,7 @@ IGNORED = (  # config keys (and their sub-keys) that never define a protocol
     "trainer.eval_batch_size", "trainer.num_workers", "trainer.log_every",  # speed, progress bar
     "trainer.eval_every",       # when val/test are measured; the last eval is at max_steps anyway
     "trainer.checkpoints",      # whether best.pt / last.pt were written
+    "trainer.bntrain_batch_size",   # the extra BN-train test evaluation (read with --bn train)
 )
 COLUMN_PREFIXES = ("dataset.", "model.")  # may differ between columns, not inside one
 LR_KEY = "optimizer.lr"
@@ -78,6 +91,14 @@ SELECT = {  # --select: which evaluation of each run a cell reports (the caption
     "best-test": "Max test {m} in % over each run's evaluations (selection on test, optimistic)",
 }
 UNRECORDED = "unrecorded"   # a run from before results.json carried its code version
+BN_NA = "made before every evaluation scored both BatchNorm modes"
+#: --bn: the BatchNorm mode of the test numbers (rule 5), and the caption note it adds (none for
+#: the default, whose tables read as they always have)
+BN = {"eval": None,
+      "train": "--bn train: test with BatchNorm in train mode, each test batch (32 images unless "
+               "trainer.bntrain_batch_size says otherwise) normalised by its own statistics, as the "
+               "authors' code evaluates (columns test_bntrain_*; a trainer.eval_bn=train run's own "
+               "test_*); val, so the lr choice and best-val, stays in eval mode."}
 TEX = {"\\": "\\textbackslash{}", "_": "\\_", "%": "\\%", "&": "\\&", "#": "\\#", "{": "\\{", "}": "\\}",
        "$": "\\$", "±": "$\\pm$", "·": "$\\cdot$"}
 
@@ -107,7 +128,7 @@ class Run:
     where: tuple              # (dataset, level) or (dataset, level, pivot value)
     lr: float | None
     seed: object
-    test: float               # %
+    test: float | None        # %; None: not recorded in the --bn mode asked (n/a)
     val: float | None         # %
     key: dict                 # protocol: config minus IGNORED and `where` keys (and lr unless rule none)
     label: str = ""
@@ -123,8 +144,13 @@ class Cell:
     runs: list = field(repr=False)
     pending: int = 0          # queued runs of this cell (every lr and seed) not done yet
 
+    @property
+    def scored(self) -> list[Run]:
+        """The runs with a test number (under ``--bn train`` some may be n/a)."""
+        return [r for r in self.runs if r.test is not None]
+
     def stat(self, attr: str = "test") -> tuple[float, float | None]:
-        xs = [getattr(r, attr) for r in self.runs]
+        xs = [getattr(r, attr) for r in self.scored]
         return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else None)
 
     @property
@@ -166,29 +192,44 @@ def _number(v) -> float | None:
         return None
 
 
-def selected(res: dict, folder: Path, metric: str, select: str) -> tuple[float | None, float | None]:
+def test_column(metric: str, bn: str, run_bn: str) -> str:
+    """The column holding the test metric in BatchNorm mode ``bn`` (``--bn``) of a run evaluated
+    in ``run_bn`` (its ``trainer.eval_bn``): its own ``test_<m>``, except ``test_bntrain_<m>``
+    for ``--bn train`` of a run evaluated in eval mode (rule 5)."""
+    return f"test_bntrain_{metric}" if bn == "train" and run_bn != "train" else f"test_{metric}"
+
+
+def selected(res: dict, folder: Path, metric: str, select: str,
+             column: str | None = None) -> tuple[float | None, float | None]:
     """(test, val) of the table's metric at the evaluation ``select`` names (fractions).
     best-val / best-test read every row of ``metrics.csv`` (``results.json``'s final and best_val
-    rows where there is none); best-val takes the first row with the highest val (as train.py
-    keeps its best), best-test the highest test and, for the lr choice, the highest val."""
+    rows where there is none) that has the run's own test and val metrics; best-val takes the
+    first row with the highest val (as train.py keeps its best), best-test the highest test and,
+    for the lr choice, the highest val. ``column`` (default ``test_<metric>``): where the test
+    number is read (:func:`test_column`); best-val picks the same row whatever it is, and a row
+    without it gives None (n/a)."""
     test_key, val_key = f"test_{metric}", f"val_{metric}"
+    column = column or test_key
     final = res["final"]
     if select == "final":
-        return final.get(test_key), final.get(val_key)
+        return final.get(column), final.get(val_key)
     path = folder / "metrics.csv"
     rows = list(csv.DictReader(io.StringIO(path.read_text()))) if path.is_file() else \
         [r for r in (final, res.get("best_val")) if r]
-    pairs = [(_number(r.get(test_key)), _number(r.get(val_key))) for r in rows]
-    pairs = [(t, v) for t, v in pairs if t is not None and v is not None]
-    if not pairs:
+    rows = [r for r in rows if _number(r.get(test_key)) is not None and _number(r.get(val_key)) is not None]
+    if not rows:
         return None, None
     if select == "best-val":
-        return max(pairs, key=lambda p: p[1])   # max returns the first of equal vals
-    return max(t for t, _ in pairs), max(v for _, v in pairs)
+        best = max(rows, key=lambda r: _number(r[val_key]))   # max returns the first of equal vals
+        return _number(best.get(column)), _number(best[val_key])
+    tests = [t for t in (_number(r.get(column)) for r in rows) if t is not None]
+    return (max(tests) if tests else None), max(_number(r[val_key]) for r in rows)
 
 
-def load(folders: list[Path], table: Table, lr_rule: str, log, select: str = "final") -> list[Run]:
-    """Runs of the table's task that carry its metric; everything else is reported through log."""
+def load(folders: list[Path], table: Table, lr_rule: str, log, select: str = "final",
+         bn: str = "eval") -> list[Run]:
+    """Runs of the table's task that carry its metric; everything else is reported through log.
+    A run without the test number of ``bn`` (rule 5) is kept, as n/a."""
     found = {p.resolve(): p for f in folders for p in sorted(f.rglob("results.json"))}
     done = {p.parent for p in found}
     unfinished = sorted({p.parent for f in folders for p in f.rglob("metrics.csv")
@@ -196,6 +237,7 @@ def load(folders: list[Path], table: Table, lr_rule: str, log, select: str = "fi
     log(f"found {len(found)} results.json under {', '.join(map(str, folders))}")
     skipped: dict[str, list] = defaultdict(list)
     skipped["no results.json (unfinished or still running)"] = unfinished
+    unscored: dict[str, list] = defaultdict(list)
     test_key, val_key = f"test_{table.metric}", f"val_{table.metric}"
     where_keys = ["dataset.name", f"dataset.{table.level}"] + ([table.pivot] if table.pivot else [])
     runs = []
@@ -208,8 +250,11 @@ def load(folders: list[Path], table: Table, lr_rule: str, log, select: str = "fi
             continue
         task = cfg.get("dataset.task", "binary")
         missing = f"no {test_key} in final"
+        column = test_column(table.metric, bn, cfg.get("trainer.eval_bn"))
         if select != "final" and final.get(test_key) is not None:
-            final[test_key], final[val_key] = selected(res, path.parent, table.metric, select)
+            final[column], final[val_key] = selected(res, path.parent, table.metric, select, column)
+            if final[val_key] is None:   # no evaluation to select from
+                final[test_key] = None
             missing = (f"--select {select}: no evaluation has both {test_key} and {val_key} (a run "
                        "without a validation split, e.g. dataset.split=authors, has nothing to "
                        "select on: use --select final)")
@@ -227,12 +272,18 @@ def load(folders: list[Path], table: Table, lr_rule: str, log, select: str = "fi
             key = {k: v for k, v in protocol(res["config"]).items() if k not in skip} | {"step": final.get("step")}
             name = res.get("choices", {}).get("objective") or str(cfg.get("objective._target_")).split(".")[-1]
             val = None if final.get(val_key) is None else 100 * final[val_key]
-            runs.append(Run(path, name, where, cfg.get(LR_KEY), cfg.get("seed"), 100 * final[test_key], val, key,
+            test = None if final.get(column) is None else 100 * final[column]
+            if test is None:
+                unscored[column].append(path)
+            runs.append(Run(path, name, where, cfg.get(LR_KEY), cfg.get("seed"), test, val, key,
                             commit=code_version(res)))
     for reason, bad in skipped.items():
         if bad:
             where = ", ".join(str(p.parent if p.name == "results.json" else p) for p in bad)
             log(f"not placed, {reason}: {len(bad)} run(s): {where}")
+    for column, bad in unscored.items():
+        log(f"n/a, no {column} recorded ({BN_NA}): {len(bad)} run(s): "
+            + ", ".join(str(p.parent) for p in bad))
     return runs
 
 
@@ -346,14 +397,20 @@ def cell_text(c: Cell, lr_shown: bool, step_shown: bool) -> str:
     """``mean ± std (n=.., lr=.., step .., k pending)``, a dagger if its runs span code versions."""
     if not c.runs:
         return "pending"
-    mean, std = c.stat()
-    notes = ([f"n={len(c.runs)}"] + [f"lr={c.lr:g}"] * lr_shown + [f"step {c.step}"] * step_shown
+    unscored = len(c.runs) - len(c.scored)
+    count = ([f"n={len(c.scored)}"] + [f"{unscored} n/a"] * (unscored > 0) if c.scored
+             else [f"{unscored} run{'s' * (unscored > 1)} unrecorded"])
+    notes = (count + [f"lr={c.lr:g}"] * lr_shown + [f"step {c.step}"] * step_shown
              + [f"{c.pending} pending"] * (c.pending > 0))
     dagger = " †" if len({r.commit for r in c.runs}) > 1 else ""
+    if not c.scored:
+        return f"n/a ({', '.join(notes)}){dagger}"
+    mean, std = c.stat()
     return f"{mean:.1f}" + (f" ± {std:.1f}" if std is not None else "") + f" ({', '.join(notes)}){dagger}"
 
 
-def grid(cells: list[Cell], table: str, select: str = "final") -> tuple[list[str], list[tuple[str, list[str]]], list[str]]:
+def grid(cells: list[Cell], table: str, select: str = "final",
+         bn: str = "eval") -> tuple[list[str], list[tuple[str, list[str]]], list[str]]:
     """Header, rows of (label, cell texts) and caption notes, shared by Markdown and LaTeX."""
     spec = TABLES[table]
     order = {n: i for i, n in enumerate(dict.fromkeys(o for v in PAPER.get(table, {}).values() for o in v))}
@@ -385,6 +442,10 @@ def grid(cells: list[Cell], table: str, select: str = "final") -> tuple[list[str
              f"[paper x] = Meng et al. 2021. Columns: {what}.",
              f"Step {steps.pop()}." if len(steps) == 1 else
              "Steps differ: each cell names its step." if steps else "No run done yet."]
+    if BN[bn]:
+        notes.insert(1, BN[bn])
+    if any(len(c.scored) < len(c.runs) for c in cells):
+        notes.append(f"n/a: runs that did not record this evaluation ({BN_NA}).")
     if any(c.pending or not c.runs for c in cells):
         notes.append("pending: queued runs not done yet (k pending: of the cell's runs at every lr and seed).")
     if any(" †" in t for _, texts in out for t in texts):
@@ -400,21 +461,22 @@ def to_csv(cells: list[Cell], table: str) -> str:
     w.writerow(["dataset", "level", "objective", "selected_lr", "n_seeds", "mean", "std", "paper", "step", "val_mean"]
                + ["epsilon"] * bool(TABLES[table].pivot) + ["pending"] * queued)
     for c in sorted(cells, key=lambda c: (c.where, c.label)):
-        mean, std = c.stat() if c.runs else (None, None)
-        val = c.stat("val")[0] if c.runs and all(r.val is not None for r in c.runs) else None
+        mean, std = c.stat() if c.scored else (None, None)
+        val = c.stat("val")[0] if c.scored and all(r.val is not None for r in c.scored) else None
         ref = paper(table, c.where, c.name)
-        w.writerow([c.where[0], f"{c.where[1]:g}", c.label, "" if c.lr is None else f"{c.lr:g}", len(c.runs),
+        w.writerow([c.where[0], f"{c.where[1]:g}", c.label, "" if c.lr is None else f"{c.lr:g}", len(c.scored),
                     "" if mean is None else f"{mean:.4f}", "" if std is None else f"{std:.4f}",
                     "" if ref is None else ref, c.step if c.runs else "",
                     "" if val is None else f"{val:.4f}", *(f"{x:g}" for x in c.where[2:])] + [c.pending] * queued)
     return buf.getvalue().rstrip("\n")
 
 
-def render(cells: list[Cell], table: str, fmt: str, lr_caption: str, select: str = "final") -> str:
+def render(cells: list[Cell], table: str, fmt: str, lr_caption: str, select: str = "final",
+           bn: str = "eval") -> str:
     """The table in ``fmt``; Markdown lists the code versions under it, LaTeX in its caption."""
     if fmt == "csv":
         return to_csv(cells, table)
-    head, rows, notes = grid(cells, table, select)
+    head, rows, notes = grid(cells, table, select, bn)
     notes.append(lr_caption + ".")
     if fmt == "markdown":
         return "\n".join(notes + ["", "| objective | " + " | ".join(head) + " |", "|---|" + "---:|" * len(head)]
@@ -441,6 +503,12 @@ def main(argv: list[str] | None = None) -> str:
     ap.add_argument("--select", choices=list(SELECT), default="final",
                     help="the evaluation each run reports: final (default), best-val (test at the best "
                          "val), best-test (max test: selection on test, optimistic)")
+    ap.add_argument("--bn", choices=list(BN), default="eval",
+                    help="BatchNorm mode of the test numbers: eval (default: running statistics, "
+                         "standard practice and the mode of every run's own validation and selection) "
+                         "or train (each test batch of 32 by its own statistics, the authors' "
+                         "evaluation: to compare with the paper's numbers); a run that did not "
+                         "record it reads n/a")
     ap.add_argument("--queue", type=Path, help="a campaign queue.json: its cells with no run read "
                     "'pending' (default: the queue.json directly inside a folder given, if any)")
     ap.add_argument("--no-queue", action="store_true", help="ignore any queue.json")
@@ -454,7 +522,7 @@ def main(argv: list[str] | None = None) -> str:
     spec = TABLES[args.table]
     queue_path = None if args.no_queue else (args.queue or find_queue(args.folders))
     queue = read_json(queue_path, "queue") if queue_path else None
-    runs = load(args.folders, spec, args.lr_rule, log, args.select)
+    runs = load(args.folders, spec, args.lr_rule, log, args.select, args.bn)
     pending = {}
     if queue is not None:
         names = {p.parent.name for f in args.folders for p in f.rglob("results.json")}
@@ -473,7 +541,7 @@ def main(argv: list[str] | None = None) -> str:
     if queue is not None:
         keys = {e["key"] for e in queue.get("entries", [])}
         cells = with_pending(cells, pending, queued_labels(runs, keys))
-    text = render(cells, args.table, args.format, lr_caption, args.select)
+    text = render(cells, args.table, args.format, lr_caption, args.select, args.bn)
     print(text)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
