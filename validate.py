@@ -147,6 +147,9 @@ def static_problems(cfg: DictConfig) -> list[str]:
         if not _positive_int(value):
             problems.append(f"trainer.{key}={value!r} must be an integer >= 1, e.g. "
                             f"trainer.{key}={EXAMPLES[key]}")
+    if "bntrain_batch_size" in trainer and not _positive_int(trainer.bntrain_batch_size):
+        problems.append(f"trainer.bntrain_batch_size={trainer.bntrain_batch_size!r} must be an integer >= 1 "
+                        "(the batch of the BatchNorm-train test evaluation), e.g. trainer.bntrain_batch_size=32")
     clip = trainer.get("max_grad_norm")
     if clip is not None and not (isinstance(clip, (int, float)) and math.isfinite(clip) and clip > 0):
         problems.append(f"trainer.max_grad_norm={clip!r} must be null (no clipping) or a finite "

@@ -11,7 +11,10 @@ plays against an adversary :math:`\check Q` constrained to match the data's feat
 
 solved per minibatch by the package's ADMM (on the CPU). The metric here is
 :math:`F_1 = 2\,TP / (AP + PP)` written in the package's confusion-matrix language, with the
-package's positive special case (all-negative prediction and labels scores 1).
+package's positive special case (all-negative prediction and labels scores 1). The target is the
+batch F1 that the LP rows (``f1_lp_paper``, ``f1_cvxpy``) relax, but the surrogate differs: the
+gradient with respect to each score is :math:`\check q_i - y_i` (:math:`\check q_i` the adversary's
+marginal), not an LP's sensitivity.
 
 Deviations / choices:
 * The score handed to ``MetricLayer`` is the logit margin :math:`l_1 - l_0` of the shared 2-way
@@ -20,6 +23,11 @@ Deviations / choices:
   step 12 with lr 0.1: ``ZeroDivisionError`` inside ``ap_perf.projection.obj_rho``). Such a batch
   gets the documented defined value -- zero loss with zero gradient -- and is counted in the
   ``apperf_failed_batches`` diagnostic of metrics.csv, instead of ending the run.
+* That gradient is summed over the batch, not averaged, and the package's backward returns it
+  whatever the upstream gradient (``ap_perf/layer.py``, ``MetricFunction.backward`` ignores
+  ``grad_output``): scaling the loss does not scale it. At init a ResNet-18 batch of 64 (random
+  32x32 inputs, 3 seeds) gets a gradient norm of ~1,700-2,000 (cross-entropy: ~22), hence ``trainer.max_grad_norm: 5.0`` in
+  ``configs/objective/f1_apperf.yaml`` (our choice; AP-Perf's own code clips nothing).
 * ``ap-perf`` 0.1.1 is installed with ``--no-deps`` (requirements-nodeps.txt) so that it cannot
   pull another torch; its own dependencies (numpy, scipy, torch, numba) are pinned in
   requirements.txt.

@@ -46,7 +46,26 @@ Deliberate deviations:
   (set ``weight_decay=0`` for that).  Objective groups carry their own ``weight_decay: 0``.
 * BatchNorm buffers are not averaged (they are not parameters): the model keeps its running
   statistics of the last iterates.
-* The authors' released code was not available offline; deviations are against the paper.
+* Against Liu et al.'s official code (github.com/yzhuoning/DeepAUC at e7cc490, TensorFlow:
+  ``optimizer.py`` and ``PPD_SG.py`` / ``PPD_AdaGrad.py``; read, not copied):
+
+  - AdaGrad's offset :math:`\delta` is their ``epsilon = 0.5`` (our default since the queue of
+    the paper's regime). With :math:`\delta \approx 0` a stage's first step is about
+    :math:`\eta_k\,\mathrm{sign}(g)` on every coordinate, the size of the initial weights at
+    :math:`\eta_0 = 0.1`.
+  - Their AdaGrad inner loop is the dual-averaging form, :math:`v = v_{k-1} - \eta_k G_t /
+    (\sqrt{S_t} + \delta)` with :math:`G_t, S_t` the stage's sums of (proximal) gradients and
+    their squares, every iterate anchored at the reference point; ours is the composite mirror
+    descent form above, each step taken from the last iterate. Both start a stage at the
+    previous stage's average.
+  - Restart point: they evaluate :math:`\alpha`'s reset at the stage average with
+    :math:`\min(3^k, n/B)` fresh batches (:math:`3^k \cdot 128` examples); we re-score a fixed
+    ``alpha_samples`` (1,024 examples, :class:`baselines.ppd.SquareAUCMinMax`).
+  - Their stages are :math:`T_k = T_0 \sqrt{9}^{\,k-1}` with :math:`T_0 = 200`, :math:`\gamma = 2000`,
+    batch 128, ResNet-20 with ELU; ours share the LP runs' network and batch, with
+    :math:`T_0 = 2000` (the LP authors' stage length) and :math:`\gamma = 500`.
+  - Neither their scripts nor the paper's regime (``configs/regime/paper.yaml``) use L2 or
+    augmentation (``use_L2 False``, ``is_crop_flip False``).
 
 In packs and CUDA graphs (:mod:`packed.graph`). ``step()`` makes no host sync, and its one host
 decision, the stage end, is a function of the step count: :meth:`needs_host` names the steps that
@@ -193,11 +212,12 @@ class PPDAdaGrad(_StagewiseProximalPrimalDual):
     """PPD-AdaGrad (Algorithm 3): the same stages with a per-coordinate AdaGrad inner loop.
 
     Args: as :class:`PPDSG`, plus ``delta`` (:math:`\\delta`, AdaGrad's offset in
-    :math:`H_t = \\delta + s_t`; keeps the first steps of a stage finite).
+    :math:`H_t = \\delta + s_t`; 0.5 as Liu et al.'s official code: it bounds a stage's first
+    steps by :math:`\\eta_k |g| / \\delta` instead of :math:`\\eta_k` on every coordinate).
     """
 
     def __init__(self, params, lr: float = 0.01, gamma: float = 500.0, T0: int = 2000,
-                 weight_decay: float = 0.0, average: bool = True, delta: float = 1e-8) -> None:
+                 weight_decay: float = 0.0, average: bool = True, delta: float = 0.5) -> None:
         super().__init__(params, lr, gamma, T0, weight_decay, average, delta=delta)
 
     def _new_stage_state(self, state: dict) -> None:

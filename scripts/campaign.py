@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
 
 import campaign_fold  # noqa: E402
+import campaign_order  # noqa: E402
 import campaign_queue  # noqa: E402
 import gpu_tables  # noqa: E402 -- the probe, the cost model, whole-block planning, export
 from campaign_cells import LEDGER_FILE, QUEUE_FILE, TERMINAL  # noqa: E402
@@ -43,21 +44,25 @@ from campaign_jobs import composer  # noqa: E402
 EVAL_EVERY = 2000   # 20 evaluations per 40k run: best-val selection, at ~1/15 of the step time on an H100
 
 
-def pending(queue: dict, ledger: dict) -> list[dict]:
-    """Queue entries not done (nor diverged), in queue order."""
-    done = {k for k, r in ledger["runs"].items() if r.get("status") in TERMINAL}
-    return [e for e in queue["entries"] if e["key"] not in done]
+def pending(queue: dict, ledger: dict, folder: Path) -> list[dict]:
+    """The wanted queue entries not done (nor diverged), in the order commands take them
+    (:func:`campaign_order.ordered_pending`: stages, the lr rules)."""
+    return campaign_order.ordered_pending(queue, ledger, folder)
 
 
 def candidates(entries: list[dict], dataset: str | None = None) -> tuple[list[dict], list[tuple[str, str]]]:
-    """The composable entries of one dataset (``dataset``, default the first pending one's), and
-    (key, why) of every entry that did not compose when the queue was made."""
-    broken = [(e["key"], f"does not compose: {e.get('error')}") for e in entries if e.get("config_sha") is None]
-    good = [e for e in entries if e.get("config_sha") is not None]
+    """The composable device entries of one dataset (``dataset``, default the first such pending
+    one's), and (key, why) of every entry left out: it did not compose when the queue was made, or
+    it runs on the host (``runs_on``: its loss needs the host every step, so no device command can
+    train it to 40k; :func:`campaign_queue.runs_on`)."""
+    left = [(e["key"], f"does not compose: {e.get('error')}") for e in entries if e.get("config_sha") is None]
+    left += [(e["key"], f"runs on the host, never in a device command: {e.get('runs_on_why') or 'host-only objective'}")
+             for e in entries if e.get("config_sha") is not None and e.get("runs_on", "device") != "device"]
+    good = [e for e in entries if e.get("config_sha") is not None and e.get("runs_on", "device") == "device"]
     if not good:
-        return [], broken
+        return [], left
     dataset = dataset or good[0]["where"]["dataset.name"]
-    return [e for e in good if e["where"]["dataset.name"] == dataset], broken
+    return [e for e in good if e["where"]["dataset.name"] == dataset], left
 
 
 def pack_cost(speed: dict, eval_every: int):
@@ -213,7 +218,7 @@ def plan_for(args, start: float) -> tuple[dict, dict, list[dict], list[str]]:
     queue, ledger = campaign_queue.load(folder)
     extra = [f"trainer.eval_every={args.eval_every}", f"device={args.device}", "logger=csv",
              "trainer.checkpoints=false", *args.set]
-    waiting = pending(queue, ledger)
+    waiting = pending(queue, ledger, folder)
     excluded = read_keys(Path(args.exclude)) if args.exclude else set()
     if excluded:   # trained by an earlier command on this machine, not folded into the ledger yet
         left = [e for e in waiting if e["key"] not in excluded]
@@ -222,7 +227,13 @@ def plan_for(args, start: float) -> tuple[dict, dict, list[dict], list[str]]:
         waiting = left
     todo, broken = candidates(waiting, args.dataset)
     for key, why in broken:
-        print(f"plan: skipped {key}: {why}", flush=True)
+        if not why.startswith("runs on the host"):
+            print(f"plan: skipped {key}: {why}", flush=True)
+    host = [k for k, why in broken if why.startswith("runs on the host")]
+    if host:
+        print(f"plan: {len(host)} pending run(s) run on the host, never in a device command "
+              f"(plan.json lists each with its reason): {', '.join(host[:4])}{' ...' if len(host) > 4 else ''}",
+              flush=True)
     if not todo:
         return queue, {"kept": [], "skipped": [{"key": k, "why": w} for k, w in broken],
                        "note": "nothing pending that composes", "excluded": sorted(excluded)}, [], extra

@@ -50,16 +50,29 @@ def entry_where(entry: dict, level: str, pivot: str | None) -> tuple:
     return (w["dataset.name"], float(w[f"dataset.{level}"]), *([float(w[pivot])] if pivot else []))
 
 
-def expected_cells(queue: dict, table: str, level: str, pivot: str | None,
-                   done: set[str]) -> dict[tuple, tuple[int, int]]:
+def expected_cells(queue: dict, table: str, level: str, pivot: str | None, done: set[str],
+                   state: dict | None = None) -> dict[tuple, tuple[int, int]]:
     """``{(where, objective): (runs queued, runs done)}`` for the entries that fill ``table``
-    (an entry that did not compose has no place: ``campaign.py status`` lists it)."""
+    (an entry that did not compose has no place: ``campaign.py status`` lists it). With ``state``
+    (:func:`campaign_order.states`) only the runs the lr rules want count: a ``not needed`` entry
+    counts nothing, and the ``waiting`` entries of one cell and seed count once (one lr of them
+    will be chosen)."""
     out: dict[tuple, list[int]] = {}
+    seen: set = set()
     for e in queue.get("entries", []):
-        if table in e.get("tables", []) and e.get("where"):
-            count = out.setdefault((entry_where(e, level, pivot), e["objective"]), [0, 0])
-            count[0] += 1
-            count[1] += e["key"] in done
+        if table not in e.get("tables", []) or not e.get("where"):
+            continue
+        st = (state or {}).get(e["key"], ("pending", None))[0]
+        if st == "not needed" and e["key"] not in done:
+            continue
+        if st == "waiting" and e.get("rule") == "chosen":
+            group = (e.get("cell"), e.get("seed"))
+            if group in seen:
+                continue
+            seen.add(group)
+        count = out.setdefault((entry_where(e, level, pivot), e["objective"]), [0, 0])
+        count[0] += 1
+        count[1] += e["key"] in done
     return {k: (n, d) for k, (n, d) in out.items()}
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 # name parts: (override key, prefix), in the order a name spells them; keys not listed are not named
-NAME_PARTS = (("dataset", ""), ("dataset.neg_keep", "nk"), ("dataset.drop_rate", "dr"), ("objective", ""),
+NAME_PARTS = (("dataset", ""), ("dataset.neg_keep", "nk"), ("dataset.drop_rate", "dr"), ("regime", ""), ("objective", ""),
               ("objective.epsilon", "eps"), ("optimizer.lr", "lr"), ("seed", "s"))
 
 

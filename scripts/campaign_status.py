@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import campaign_order
 import campaign_queue
-from campaign_cells import TERMINAL, read_json
+from campaign_cells import read_json
 from campaign_fold import RATES
 
 
@@ -60,40 +61,76 @@ def windows(entries: list[dict], rates: dict) -> dict:
 
 def status(folder: Path, with_windows: bool = False) -> str:
     queue, ledger = campaign_queue.load(folder)
-    runs = ledger["runs"]
-    state = {e["key"]: runs[e["key"]]["status"] if e["key"] in runs else "pending" for e in queue["entries"]}
+    state = {k: v for k, (v, _) in campaign_order.states(queue, ledger, folder).items()}
     tables = list(dict.fromkeys(t for e in queue["entries"] for t in e["tables"]))
-    lines = [f"queue {queue['version']}: {len(state)} runs; "
-             + ", ".join(f"{sum(v == s for v in state.values())} {s}" for s in (*TERMINAL, "pending"))
-             + f"; {len(ledger['attempts'])} stopped attempt(s); {len(ledger['extra'])} extra run(s)",
-             "", "| table | queued | done | diverged | pending |", "|---|---:|---:|---:|---:|"]
+    counts = ", ".join(f"{sum(v == s for v in state.values())} {s}" for s in campaign_order.STATES)
+    lines = [f"queue {queue['version']}: {len(state)} entries; {counts}; {len(ledger['attempts'])} stopped "
+             f"attempt(s); {len(ledger['extra'])} extra run(s)",
+             "(waiting: its lr is chosen once seed 0 of its cell is folded; not needed: another lr was chosen)",
+             "", "| table | entries | done | diverged | pending | waiting | not needed | host only |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for t in tables:
-        mine = [state[e["key"]] for e in queue["entries"] if t in e["tables"]]
-        lines.append(f"| {t} | {len(mine)} | {mine.count('done')} | {mine.count('diverged')} | {mine.count('pending')} |")
-    todo = [e for e in queue["entries"] if state[e["key"]] == "pending"]
+        mine = [e for e in queue["entries"] if t in e["tables"]]
+        st = [state[e["key"]] for e in mine]
+        host = sum(1 for e in mine if state[e["key"]] in ("pending", "waiting") and e.get("runs_on", "device") != "device")
+        lines.append(f"| {t} | {len(mine)} | " + " | ".join(str(st.count(s)) for s in campaign_order.STATES) + f" | {host} |")
+    todo = campaign_order.ordered_pending(queue, ledger, folder)
     broken = [e["key"] for e in todo if e.get("config_sha") is None]
-    good = [e for e in todo if e.get("config_sha") is not None]
+    good = [e for e in todo if e.get("config_sha") is not None and e.get("runs_on", "device") == "device"]
     if good:
-        lines += ["", f"next: {good[0]['block']} ({good[0]['where']['dataset.name']}: carry its data pack)"]
+        lines += ["", f"next: {good[0]['stage']}: {good[0]['block']} ({good[0]['where']['dataset.name']}: "
+                      "carry its data pack)"]
     if broken:
         lines.append(f"not composing (skipped by plan): {', '.join(broken)}")
     if with_windows:
-        lines += ["", *windows_table(good, tables, read_json(folder / RATES, "rates file"))]
+        lines += ["", *windows_table(queue, ledger, folder, read_json(folder / RATES, "rates file"))]
     return "\n".join(lines)
 
 
-def windows_table(todo: list[dict], tables: list[str], rates: dict) -> list[str]:
-    """Device commands still needed: the first pending cell, each table, everything (a run that
-    fills two tables counts in both rows, once in the total)."""
-    first_cell = todo[0]["block"].rsplit("/seed=", 1)[0] if todo else None
-    parts = [(f"first cell ({first_cell})", [e for e in todo if e["block"].rsplit("/seed=", 1)[0] == first_cell])]
-    parts += [(t, [e for e in todo if t in e["tables"]]) for t in tables] + [("all pending", todo)]
+def still_needed(queue: dict, ledger: dict, folder: Path) -> list[dict]:
+    """The runs still to train, in plan order: every pending entry, then for each waiting cell
+    and seed one stand-in (the lr is not chosen yet; its lrs cost the same) and every waiting
+    anchor entry (its lr may be chosen now or later: each is trained once either way)."""
+    state = campaign_order.states(queue, ledger, folder)
+    out = campaign_order.ordered_pending(queue, ledger, folder)
+    order = {name: i for i, name in enumerate(queue.get("stages", []))}
+    seen, waiting = set(), []
+    for i, e in enumerate(queue["entries"]):
+        if state[e["key"]][0] != "waiting":
+            continue
+        group = (e.get("cell"), e.get("seed")) if e.get("rule") == "chosen" else e["key"]
+        if group not in seen:
+            seen.add(group)
+            waiting.append((order.get(e.get("stage"), len(order)), i, e))
+    return out + [e for _, _, e in sorted(waiting, key=lambda t: t[:2])]
+
+
+def windows_table(queue: dict, ledger: dict, folder: Path, rates: dict) -> list[str]:
+    """Device commands still needed per stage and in all, counting only runs a device command can
+    train (``runs_on`` device); host-only runs are counted apart (a run that fills two tables
+    counts once, in its stage)."""
+    needed = still_needed(queue, ledger, folder)
+    device = [e for e in needed if e.get("config_sha") is not None and e.get("runs_on", "device") == "device"]
+    host = [e for e in needed if e.get("config_sha") is not None and e.get("runs_on", "device") != "device"]
+    stages = list(dict.fromkeys([*queue.get("stages", []), *(e.get("stage") for e in needed)]))
+    parts = [(s, [e for e in device if e.get("stage") == s]) for s in stages] + [("all device runs", device)]
+    assumed = ", ".join(f"{o} as {like}" for o, like in rates.get("assume", {}).items())
     out = [f"Device commands still needed at {rates['source']}: each of {rates['budget_s']:g} s, "
-           f"{rates['margin']:g} of it planned, as the planner packs them; {rates['note']}", "",
-           "| runs of | pending | priced | device hours (training) | commands | fit no command |",
+           f"{rates['margin']:g} of it planned, as the planner packs them"
+           + (f"; priced by assumption (not measured): {assumed}" if assumed else ""), "",
+           "| stage | runs still needed | priced | device hours (training) | commands | fit no command |",
            "|---|---:|---:|---:|---:|---:|"]
     for what, entries in parts:
+        if not entries:
+            continue
         w = windows(entries, rates)
         priced = w["runs"] - sum(w["unpriced"].values())
         out.append(f"| {what} | {w['runs']} | {priced} | {w['hours']} | {w['windows']} | {w['unfit']} |")
+    if host:
+        by: dict[str, int] = {}
+        for e in host:
+            by[e["objective"]] = by.get(e["objective"], 0) + 1
+        out += ["", f"Host-only runs still needed, never planned for a device command ({len(host)}): "
+                + ", ".join(f"{o} {n}" for o, n in by.items())
+                + " (their loss needs the host every step; `plan` lists each with its reason)"]
     return out

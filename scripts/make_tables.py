@@ -67,7 +67,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from campaign_cells import done_keys, expected_cells, find_queue, queued_labels, read_json
+import campaign_order
+from campaign_cells import LEDGER_FILE, done_keys, expected_cells, find_queue, queued_labels, read_json
 from paper_numbers import PAPER
 
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
@@ -526,7 +527,10 @@ def main(argv: list[str] | None = None) -> str:
     pending = {}
     if queue is not None:
         names = {p.parent.name for f in args.folders for p in f.rglob("results.json")}
-        pending = expected_cells(queue, args.table, spec.level, spec.pivot, done_keys(queue_path, names))
+        ledger_path = queue_path.parent / LEDGER_FILE
+        ledger = read_json(ledger_path, "ledger") if ledger_path.is_file() else {}
+        wanted = campaign_order.states(queue, ledger, queue_path.parent)   # the lr rules: what is still wanted
+        pending = expected_cells(queue, args.table, spec.level, spec.pivot, done_keys(queue_path, names), wanted)
         log(f"queue {queue_path} (version {queue.get('version')}): {sum(n for n, _ in pending.values())} "
             f"runs in {len(pending)} cells of --table {args.table}, "
             f"{sum(d for _, d in pending.values())} done")
