@@ -91,13 +91,20 @@ def box_bounds(phi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def charnes_cooper_lp(num: torch.Tensor, den: torch.Tensor, den0: float | torch.Tensor,
                       phi: torch.Tensor, *, recall_rows: tuple[torch.Tensor, float] | None = None,
                       safeguard: str = "drop_redundant",
-                      senses: tuple[str, ...] = ("max",)) -> FractionalLP:
+                      senses: tuple[str, ...] = ("max",), static: bool = False) -> FractionalLP:
     """Build the LP of the module docstring for ``max (num^T Y) / (den^T Y + den0)``.
 
     ``recall_rows = (y, alpha)`` adds the constraint ``y^T Y_hat >= alpha * sum(y)``.
     ``phi`` carries the gradient; ``num``, ``den``, ``den0`` depend on the labels only.
     ``senses`` lists ``"max"`` (the upper bound) and/or ``"min"`` (the lower bound, same rows,
     negated cost); with two, ``c`` is ``[2, n + 1]``: a batch of two LPs sharing ``A``.
+
+    ``static``: the same LP with shapes fixed by ``n`` alone and no value read on the host (the
+    capture-safe form of the ratio losses, :meth:`objectives.ratio.RatioLPLoss.capture_safe_form`):
+    ``den0`` stays a tensor, and ``drop_redundant`` keeps a lower row for every sample, the
+    dropped ones as ``-z_i <= s``, slack by at least ``s`` wherever ``z >= 0`` (never tight, so
+    never in the active set; ``|b|_inf`` is still ``s``, so are the solver's scales) with a
+    zero ``t`` entry; the guess is computed by torch without an early exit.
     """
     if safeguard not in SAFEGUARDS:
         raise ValueError(f"safeguard must be one of {SAFEGUARDS}; got {safeguard!r}")
@@ -106,14 +113,24 @@ def charnes_cooper_lp(num: torch.Tensor, den: torch.Tensor, den0: float | torch.
     n = phi.shape[0]
     dt, dev = phi.dtype, phi.device
     num, den = (t if t.dtype == dt else t.to(dt) for t in (num, den))
-    den0 = float(den0)
-    s = den0 if den0 > 0 else 1.0
+    if static:   # (a fill, not a host-to-device copy, for a Python den0: graph capture allows it)
+        den0 = den0.to(dt) if isinstance(den0, torch.Tensor) else \
+            torch.full((), float(den0), dtype=dt, device=dev)
+        s = torch.where(den0 > 0, den0, 1.0)
+    else:
+        den0 = float(den0)
+        s = den0 if den0 > 0 else 1.0
     eye, neg_eye = _identities(n, dt, dev)
     with torch.no_grad():           # for the rows kept and the guess; A takes phi below
         lo, up = box_bounds(phi)
+    b = None
 
     # (few torch ops: at n ~ 64 each op's dispatch, not its arithmetic, is the cost)
-    if safeguard == "drop_redundant":
+    if safeguard == "drop_redundant" and static:
+        const = torch.cat([eye, neg_eye])
+        col = torch.cat([torch.relu(-phi) - 1.0, torch.where(lo > 0, phi, 0.0)])
+        b = torch.cat([torch.zeros_like(phi), torch.where(lo > 0, 0.0, s)])
+    elif safeguard == "drop_redundant":
         keep = torch.from_numpy(np.flatnonzero(lo.numpy() > 0)) if dev.type == "cpu" else \
             (lo > 0).nonzero().flatten()
         # rows [I, -u] then [-I_keep, l_keep]: the constant block, and the column of t, written
@@ -133,16 +150,26 @@ def charnes_cooper_lp(num: torch.Tensor, den: torch.Tensor, den0: float | torch.
     if len(senses) == 1:
         sign = 1.0 if senses[0] == "max" else -1.0
         c = c_max if sign > 0 else -c_max
+    elif static:    # (fills: torch.tensor of a list would be a host-to-device copy)
+        sign = torch.stack([torch.full((), 1.0 if sense == "max" else -1.0, dtype=dt, device=dev)
+                            for sense in senses])
+        c = sign[:, None] * c_max
     else:
         sign = torch.tensor([1.0 if sense == "max" else -1.0 for sense in senses], dtype=dt,
                             device=dev)
         c = sign[:, None] * c_max
     with torch.no_grad():
-        guess = [box_vertex(num, den, den0, s, phi, sense, bounds=(lo, up)) for sense in senses]
-    return FractionalLP(c=c, A=A, b=torch.zeros(A.shape[0], dtype=dt, device=dev),
-                        A_eq=torch.nn.functional.pad(den, (0, 1), value=den0)[None, :],
-                        b_eq=torch.full((1,), s, dtype=dt, device=dev), n=n,
-                        sign=sign, guess=guess[0] if len(senses) == 1 else torch.stack(guess))
+        guess = [box_vertex(num, den, den0, s, phi, sense, bounds=(lo, up), static=static)
+                 for sense in senses]
+    rows = torch.zeros(A.shape[0] - (0 if b is None else b.shape[0]), dtype=dt, device=dev)
+    if static:
+        A_eq, b_eq = torch.cat([den, den0.reshape(1)])[None, :], s.reshape(1)
+    else:
+        A_eq = torch.nn.functional.pad(den, (0, 1), value=den0)[None, :]
+        b_eq = torch.full((1,), s, dtype=dt, device=dev)
+    return FractionalLP(c=c, A=A, b=rows if b is None else torch.cat([b, rows]), A_eq=A_eq,
+                        b_eq=b_eq, n=n, sign=sign,
+                        guess=guess[0] if len(senses) == 1 else torch.stack(guess))
 
 
 _IDENTITIES: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -162,7 +189,7 @@ def _identities(n: int, dtype: torch.dtype, device: torch.device):
     return out
 
 
-def box_vertex(num, den, den0, s, phi, sense="max", rounds=3, bounds=None):
+def box_vertex(num, den, den0, s, phi, sense="max", rounds=3, bounds=None, static=False):
     r"""The optimum ``x = [t \hat Y, t]`` of the LP without the recall row, by Dinkelbach's
     rule: at the optimal ratio :math:`R`, :math:`\hat Y_i` sits at the top of its box where
     :math:`a_i - R d_i > 0` (``"max"``; ``< 0`` for ``"min"``) and at the bottom elsewhere; from
@@ -170,9 +197,13 @@ def box_vertex(num, den, den0, s, phi, sense="max", rounds=3, bounds=None):
     for :func:`solver.solve_lp`'s ``vertex_guess``, which certifies it (with the recall row it
     may be infeasible or not optimal: the solver then runs Newton).  ``bounds``: the boxes
     ``(l, u)`` of ``phi`` when the caller has them.  On the CPU the ~15 vector ops run in numpy,
-    whose dispatch costs a fraction of torch's at n ~ 64 (the same arithmetic)."""
+    whose dispatch costs a fraction of torch's at n ~ 64 (the same arithmetic).  ``static``:
+    torch on every device, all ``rounds`` run (no host read; a settled pattern is a fixed point
+    of a round, so the result is the same)."""
     lo, up = box_bounds(phi) if bounds is None else bounds
     lo, up = lo.detach(), up.detach()
+    if static:
+        return _box_vertex(TORCH, num, den, den0, s, lo, up, sense, rounds, static=True)
     if lo.device.type == "cpu" and not (num.requires_grad or den.requires_grad):
         args = (num.numpy(), den.numpy(), den0, s, lo.numpy(), up.numpy(), sense, rounds)
         try:
@@ -187,7 +218,7 @@ def box_vertex(num, den, den0, s, phi, sense="max", rounds=3, bounds=None):
     return _box_vertex(TORCH, num, den, den0, s, lo, up, sense, rounds)
 
 
-def _box_vertex(xp, num, den, den0, s, lo, up, sense, rounds):
+def _box_vertex(xp, num, den, den0, s, lo, up, sense, rounds, static=False):
     top = num > 0 if sense == "max" else num < 0
     settled = False
     for _ in range(rounds):
@@ -195,7 +226,7 @@ def _box_vertex(xp, num, den, den0, s, lo, up, sense, rounds):
         dy = xp.dot(den, yh) + den0
         gain = num - xp.div(xp.dot(num, yh), dy) * den
         new = gain > 0 if sense == "max" else gain < 0
-        settled = xp.equal(new, top)
+        settled = not static and xp.equal(new, top)
         if settled:
             break
         top = new

@@ -65,6 +65,14 @@ thresholded predictions are not; P@R is the most exposed (precision rises as all
 hence its recall penalty (its config keeps the paper's relaxation: the recipe above was not
 measured on P@R).
 
+Capture-safe form (``solver.capture_safe``; :meth:`RatioLPLoss.capture_safe_form`, what the packed
+launcher trains on CUDA): the same LP with shapes fixed by the batch size (the dropped lower rows
+kept as rows that are never tight, :func:`objectives.fractional.charnes_cooper_lp` with
+``static=True``), its closed-form vertex certified on the device (:mod:`solver.capture_guess`),
+a batch without positives zeroed on the device: the same loss and gradient wherever the vertex
+certifies, and ``lp_converged`` < 1 recorded where it does not.  P@R has none (its recall clamp
+reads the host, and its guess often needs Newton).
+
 Example::
 
     >>> loss_fn = F1LPLoss()
@@ -80,8 +88,9 @@ from typing import Any
 import torch
 
 from objectives.base import Objective
-from objectives.common import (check_backward, check_labels, check_positive_class, check_solver_options,
-                               finite_positive, lp_logits, solve, solver_stats, zero_loss)
+from objectives.common import (capture_twin, check_backward, check_labels, check_positive_class,
+                               check_solver_options, device_solver_stats, finite_positive, lp_logits,
+                               solve, solver_stats, zero_loss)
 from objectives.fractional import SAFEGUARDS, box_bounds, charnes_cooper_lp
 
 PHI = ("softmax", "tanh", "softmax_st", "sign")
@@ -172,9 +181,43 @@ class RatioLPLoss(Objective):
     def ratio_lp(self, phi: torch.Tensor, y: torch.Tensor) -> dict[str, Any]:
         return self.ratio(y)
 
+    @property
+    def capturable(self) -> bool:
+        """With ``solver.capture_safe``: fixed shapes and no host sync in forward and backward
+        (the LP built with ``static=True``, its closed-form vertex certified on the device by
+        :mod:`solver.capture_guess`; ``tests/test_objectives_capture_f1.py``)."""
+        return bool(self.solver_options.get("capture_safe"))
+
+    def capture_safe_form(self) -> "RatioLPLoss | None":
+        """This loss with the capture-safe solver (the LP built with fixed shapes, its
+        closed-form vertex certified on the device): the same loss and gradient wherever the
+        vertex certifies, which is where the default path certifies it too and runs no Newton
+        step.  Where it does not certify, ``lp_converged`` < 1 is recorded on the device (the
+        default path would run Newton there; this form keeps the snapped guess).
+
+        ``None`` where that cannot be promised: solver options that need the host
+        (``backward="unrolled"``, ``forward="highs"``, a sketch, ...: the solver refuses them,
+        tried here on a two-sample batch) and ``safeguard="none"``, whose redundant rows make
+        the certified active system singular at saturated scores (``phi = +-1``); the default
+        path then takes the pseudo-inverse of ``K_T`` from an eigendecomposition, which has no
+        kernel without a host check, and the capture-safe Cholesky flags those batches instead
+        (7 of 120 random batches).
+
+        Coverage measured: the default path certified the closed-form vertex (0 Newton steps)
+        and so did this form (``lp_converged`` 1) in all of 3,000 random batches (F1 as
+        configured and as in the paper, tanh / sign scores, lower and mid bounds, F-beta 2 and
+        0.5, Jaccard; B 2-96, ties, saturated and exactly-zero scores, no / one / only
+        positives); loss and gradient agreed to 1.5e-15 (``pytest
+        tests/test_objectives_capture_f1.py -k coverage -s`` reruns 600 of them)."""
+        if self.capturable:
+            return self
+        if self.safeguard == "none":
+            return None
+        return capture_twin(self, torch.zeros(2, 2), torch.tensor([0, 1]))
+
     def build_lp(self, phi: torch.Tensor, y: torch.Tensor):
         return charnes_cooper_lp(phi=phi, safeguard=self.safeguard, senses=BOUNDS[self.bound],
-                                 **self.ratio_lp(phi, y))
+                                 static=self.capturable, **self.ratio_lp(phi, y))
 
     def lp_value(self, phi: torch.Tensor, y: torch.Tensor, backward: str | None = None):
         """The relaxed metric (differentiable in ``phi``) and the solver's solution: the LP
@@ -203,6 +246,8 @@ class RatioLPLoss(Objective):
         # is straight-through, so it never zeroes a gradient itself.
         limit = 1.0 if self.safeguard == "none" else 1 - PHI_MARGIN
         phi = phi + (phi.clamp(-limit, limit) - phi).detach()
+        if self.capturable:
+            return self._capture_forward(logits, phi, y)
         if y.sum() == 0:
             self.record(degenerate_batches=1.0, empty_batches=1.0)
             return zero_loss(logits)
@@ -216,6 +261,23 @@ class RatioLPLoss(Objective):
         penalty = self.penalty(phi, y)
         loss = -value if isinstance(penalty, float) and penalty == 0.0 else -value + penalty
         return loss if loss.dtype == logits.dtype else loss.to(logits.dtype)
+
+    def _capture_forward(self, logits: torch.Tensor, phi: torch.Tensor, y: torch.Tensor):
+        """:meth:`forward`'s loss with no value read on the host: a batch without positives is
+        solved as if its first sample were one (a well-posed LP of the same shape, whose finite
+        gradient is then multiplied by zero) and gets the zero loss on the device, not by a
+        branch; the statistics are :meth:`forward`'s, recorded on the device."""
+        has = y.sum() > 0
+        self.record(degenerate_batches=~has, empty_batches=~has)
+        if phi.dtype != torch.float64:
+            phi, y = phi.to(torch.float64), y.to(torch.float64)
+        first = (torch.arange(y.shape[0], device=y.device) == 0).to(y.dtype)
+        y = torch.where(has, y, first)
+        value, sol = self.lp_value(phi, y)
+        self.record_where(has, **device_solver_stats(sol))
+        penalty = self.penalty(phi, y)
+        loss = -value if isinstance(penalty, float) and penalty == 0.0 else -value + penalty
+        return torch.where(has, loss.to(logits.dtype), zero_loss(logits))
 
     def extra_repr(self) -> str:
         return (f"phi={self.phi!r}, bound={self.bound!r}, margin={self.margin}, "
@@ -276,6 +338,20 @@ class PrecisionAtRecallLPLoss(RatioLPLoss):
         if not (math.isfinite(recall_penalty) and recall_penalty >= 0):
             raise ValueError(f"recall_penalty must be a finite number >= 0; got {recall_penalty}")
         self.alpha, self.recall_penalty = float(alpha), float(recall_penalty)
+        if self.solver_options.get("capture_safe"):
+            raise ValueError("precision@recall has no capture-safe form (solver.capture_safe): "
+                             "lowering alpha to the reachable recall reads it on the host, and "
+                             "at that recall the closed-form vertex is often not the optimum, so "
+                             "the solver runs Newton on the coupled LP; drop capture_safe")
+
+    @property
+    def capturable(self) -> bool:
+        return False
+
+    def capture_safe_form(self) -> None:
+        """``None``: see the error :class:`PrecisionAtRecallLPLoss` raises for
+        ``solver.capture_safe``."""
+        return None
 
     def ratio(self, y):
         return {"num": y, "den": torch.ones_like(y), "den0": 0.0, "recall_rows": (y, self.alpha)}

@@ -27,6 +27,10 @@ question answered on the device:
   nothing is read unless someone reads it.  A non-converged, divergent or non-finite LP is
   flagged there, never raised (raising would need the host).
 
+A general LP (dense ``A``, equality rows) has no fixed-count Newton here: with a
+``vertex_guess`` (a caller's closed-form vertex) it is certified with device masks instead
+(:mod:`solver.capture_guess`); without one it is refused.
+
 Example::
 
     >>> import torch
@@ -42,6 +46,7 @@ from __future__ import annotations
 
 import torch
 
+from solver.capture_guess import solve_guess
 from solver.errors import LPInputError
 from solver.implicit import active_set_output
 from solver.linsolve import NewtonSystem, diag_scale
@@ -57,21 +62,27 @@ METHOD = "diagonal"
 
 def check_capture_call(prob, opts, backward: str) -> None:
     """Reject, before any work, what the capture-safe path cannot do without the host."""
-    if type(prob.A) is not DiagonalOperator or prob.A_eq is not None:
+    separable = type(prob.A) is DiagonalOperator and prob.A_eq is None
+    if not separable and opts.vertex_guess is None:
         raise LPInputError(
-            f"capture_safe=True solves separable LPs only (A a solver.DiagonalOperator, no "
-            f"equality rows: the AUC-family LPs); got A={prob.A!r}"
-            f"{' with equalities' if prob.A_eq is not None else ''}. Use capture_safe=False.")
+            f"capture_safe=True solves separable LPs (A a solver.DiagonalOperator, no "
+            f"equality rows: the AUC-family LPs) by fixed-count Newton, and certifies a "
+            f"vertex_guess of a dense LP (solver.capture_guess); got A={prob.A!r}"
+            f"{' with equalities' if prob.A_eq is not None else ''} and no vertex_guess. "
+            f"Pass vertex_guess or use capture_safe=False.")
     bad = [name for name, off in (("backward='unrolled'", backward == "active_set"),
                                   ("warm_start", opts.warm_start is None),
-                                  ("vertex_guess", opts.vertex_guess is None),
+                                  ("vertex_guess on a separable LP",
+                                   opts.vertex_guess is None or not separable),
                                   ("sketch", opts.sketch is None),
                                   # auto on a separable LP is Newton (no hand-off)
                                   ("forward='highs'", opts.forward in ("newton", "auto")),
-                                  ("eps_warmup > 0", not opts.eps_warmup),
-                                  ("step='exact'/'armijo'", opts.step in ("auto", "fixed")),
+                                  ("eps_warmup > 0", not opts.eps_warmup or not separable),
+                                  ("step='exact'/'armijo'",
+                                   opts.step in ("auto", "fixed") or not separable),
                                   ("linear_solver other than diagonal",
-                                   opts.linear_solver in ("auto", METHOD))) if not off]
+                                   opts.linear_solver in ("auto", METHOD) or not separable))
+           if not off]
     if bad:
         raise LPInputError(f"capture_safe=True does not support {', '.join(bad)} (each needs "
                            f"host decisions); drop them or use capture_safe=False.")
@@ -138,7 +149,7 @@ def run_fixed(prob, opts):
             "iterations": iters, "eps_steps": steps, "cg_iterations": 0}
 
 
-def device_stats(prob, run, finite):
+def device_stats(prob, run, finite, method=METHOD):
     """``(stats, instance_stats)`` as device tensors: the batch's worst case (0-dim) and the
     per-LP values, under the names of :func:`solver.solve._stats` plus ``diverged`` and
     ``finite_input``; strings and sizes stay Python values (they are static)."""
@@ -155,7 +166,7 @@ def device_stats(prob, run, finite):
              "dual_residual": per["dual_residual"].amax(),
              "duality_gap": per["duality_gap"].amax(),
              "active_count": per["active_count"].mean(), "eps": per["eps"].amin(),
-             "eps_steps": per["eps_steps"].amax(), "linear_solver": METHOD,
+             "eps_steps": per["eps_steps"].amax(), "linear_solver": method,
              "forward": "newton", "capture_safe": True, "cg_iterations": 0,
              "batch_size": prob.B}
     return stats, {k: prob.unflatten(v) for k, v in per.items()}
@@ -168,9 +179,13 @@ def solve_capture_safe(c, A, b, A_eq, b_eq, backward, opts) -> LPSolution:
     check_capture_call(prob, opts, backward)
     if prob.B == 0:      # a static shape: no sync
         return empty_solution(prob, c, b, 0.0)
-    opts = opts.resolved(prob.dtype, separable=True)
+    separable = type(prob.A) is DiagonalOperator and prob.A_eq is None
+    opts = opts.resolved(prob.dtype, separable=separable)
     with torch.no_grad():
-        finite = torch.isfinite(prob.c.sum() + prob.b.sum() + prob.A.d.sum())
+        finite = torch.isfinite(sum(t.sum() for t in [prob.c, prob.b] + prob.A.tensors() + (
+            [] if prob.A_eq is None else [prob.b_eq] + prob.A_eq.tensors())))
+    if not separable:   # a general LP: its vertex_guess certified (check_capture_call)
+        return solve_guess(prob, c, opts, finite)
     run = run_fixed(prob, opts)
     rec = run["rec"]
     z = active_set_output(prob, rec.z, rec.system)
