@@ -11,6 +11,7 @@ import torch
 from scipy.optimize import linprog
 
 from models.mlp import MLP
+from objectives.common import labels_checked
 from objectives.fractional import box_bounds, charnes_cooper_lp
 from objectives.ratio import (F1LPLoss, FBetaLPLoss, JaccardLPLoss, PrecisionAtRecallLPLoss,
                               phi_of_logits)
@@ -18,7 +19,6 @@ from packed import PackedStep, pack, param_groups
 from solver import LPInputError, solve_lp
 from tests.test_auc_dense_pairs import NoHostSync
 from tests.test_objectives_capture_ova import no_sync_forward_backward, op_trace
-from objectives.common import labels_checked
 
 F64 = torch.float64
 TOL = 1e-10
