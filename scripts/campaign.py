@@ -38,7 +38,7 @@ import campaign_fold  # noqa: E402
 import campaign_order  # noqa: E402
 import campaign_queue  # noqa: E402
 import gpu_tables  # noqa: E402 -- the probe, the cost model, whole-block planning, export
-from campaign_cells import LEDGER_FILE, QUEUE_FILE, TERMINAL  # noqa: E402
+from campaign_cells import LEDGER_FILE, QUEUE_FILE, RUNS_DIR  # noqa: E402
 from campaign_jobs import composer  # noqa: E402
 
 EVAL_EVERY = 2000   # 20 evaluations per 40k run: best-val selection, at ~1/15 of the step time on an H100
@@ -347,6 +347,12 @@ def make_queue(folder: Path, check: bool) -> int:
     if check:
         old = campaign_queue.read_json(path, "queue") if path.is_file() else {"version": None, "entries": []}
         if old.get("version") == queue["version"]:
+            moved = [e["key"] for e, o in zip(queue["entries"], old["entries"])
+                     if any(e.get(f) != o.get(f) for f in campaign_queue.UNVERSIONED)]
+            if moved:   # the code changed where entries can run (e.g. an objective became capture-safe)
+                print(f"queue {path} is version {queue['version']}, but where these entries can run changed: "
+                      f"{', '.join(moved[:20])}; rewrite it with `python scripts/campaign.py queue`")
+                return 1
             print(f"queue {path} is current ({queue['version']})")
             return 0
         new_keys = {e["key"]: e for e in queue["entries"]}
@@ -364,25 +370,47 @@ def make_queue(folder: Path, check: bool) -> int:
 
 
 def requeue_ledger(path: Path, old: dict, queue: dict) -> None:
-    """Point the ledger at a new queue version where every run it records has the same entry in
-    both (same key, protocol and tables: a new order, or entries added or dropped around them);
-    the versions it held before are kept in ``earlier_queue_versions``. Otherwise leave it and
-    say which runs' entries changed (their results answer another protocol)."""
+    """Point the ledger at a new queue version. Every run it records (done, diverged or a stopped
+    attempt) is attributed to the new entry of the same protocol (``config_sha``): under the same
+    key (a new order, entries added or dropped around it), or under a new key (its entry was
+    renamed, e.g. moved to another arm), whose run folder and ``campaign.json`` follow, with the
+    old key and version kept there (``requeued``). The versions the ledger held before are kept in
+    ``earlier_queue_versions``. If a recorded run has no entry of its protocol in the new queue the
+    ledger is left as it was, and the runs are named (their results answer another protocol)."""
     ledger = campaign_queue.read_json(path, "ledger")
     before = {e["key"]: e for e in old["entries"]}
-    after = {e["key"]: e for e in queue["entries"]}
-    recorded = set(ledger.get("runs", {})) | {a["key"] for a in ledger.get("attempts", [])}
-    changed = sorted(k for k in recorded if k in before and {**before[k], "block": None} !=
-                     {**after.get(k, {}), "block": None})
-    if changed:
-        print(f"ledger {path} left at {ledger.get('queue_version')}: the entries of {', '.join(changed[:10])} "
-              f"changed; fold their runs again into a campaign folder of the new queue, or queue the old configs")
+    by_sha = {e["config_sha"]: e for e in queue["entries"] if e.get("config_sha")}
+    recorded = sorted(set(ledger.get("runs", {})) | {a["key"] for a in ledger.get("attempts", [])})
+    moves = {k: by_sha[before[k]["config_sha"]]["key"] for k in recorded
+             if k in before and before[k].get("config_sha") in by_sha}
+    lost = [k for k in recorded if k not in moves]
+    if lost:
+        print(f"ledger {path} left at {ledger.get('queue_version')}: no entry of the new queue has the protocol of "
+              f"{', '.join(lost[:10])}; fold their runs again into a campaign folder of the new queue, or queue "
+              "the old configs")
         return
-    if ledger.get("queue_version") != queue["version"]:
-        ledger.setdefault("earlier_queue_versions", []).append(ledger.get("queue_version"))
-        ledger["queue_version"] = queue["version"]
-        campaign_queue.write_json(path, ledger)
-        print(f"ledger {path}: now queue {queue['version']} ({len(recorded)} recorded run(s), entries unchanged)")
+    if ledger.get("queue_version") == queue["version"]:
+        return
+    runs_dir = path.parent / RUNS_DIR
+    for k, new in moves.items():
+        if new == k:
+            continue
+        if (runs_dir / k).is_dir():
+            (runs_dir / k).rename(runs_dir / new)
+            meta_path = runs_dir / new / "campaign.json"
+            meta = campaign_queue.read_json(meta_path, "run note")
+            meta.setdefault("requeued", []).append({"key": meta.get("key"), "queue_version": ledger.get("queue_version")})
+            meta.update(key=new, tables=by_sha[before[k]["config_sha"]]["tables"])
+            campaign_queue.write_json(meta_path, meta)
+        print(f"ledger {path}: {k} -> {new} (the same protocol under its new entry)")
+    ledger["runs"] = {moves[k]: v for k, v in ledger.get("runs", {}).items()}
+    for attempt in ledger.get("attempts", []):
+        attempt["key"] = moves[attempt["key"]]
+    ledger.setdefault("earlier_queue_versions", []).append(ledger.get("queue_version"))
+    ledger["queue_version"] = queue["version"]
+    campaign_queue.write_json(path, ledger)
+    print(f"ledger {path}: now queue {queue['version']} ({len(recorded)} recorded run(s), "
+          f"{sum(k != v for k, v in moves.items())} under a new key)")
 
 
 if __name__ == "__main__":

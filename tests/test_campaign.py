@@ -262,20 +262,35 @@ def test_windows_counts_the_commands_the_planner_would_fill():
     assert campaign_status.windows([entry("ce") for _ in range(4)], rates)["windows"] == 1
 
 
-def test_the_committed_queue_starts_with_the_cifar10_91_percent_cell_and_is_consistent():
+def test_the_committed_queue_is_the_paper_regime_seed_0_first_and_consistent():
     queue = json.loads((ROOT / "results" / "paper_tables" / "queue.json").read_text())
     entries = queue["entries"]
     assert queue["version"] == campaign_queue.version(entries) and len({e["key"] for e in entries}) == len(entries)
-    first = entries[:36]
-    assert {e["where"]["dataset.name"] for e in first} == {"cifar10"} and {e["where"]["dataset.neg_keep"] for e in first} == {0.1}
-    assert {e["objective"] for e in first} == {"ce", "auc_lp", "ppd_sg", "ppd_adagrad"}
-    assert [e["overrides"][2] for e in first[::12]] == ["seed=0", "seed=1", "seed=2"]   # whole seeds in order
-    assert entries[36]["key"] == "catdog_nk0.1_ce_lr0.1_s0" and all(e["steps"] == 40000 for e in entries)
-    assert all(e.get("config_sha") for e in entries)
-    # in each cell and seed: ce and auc_lp at every lr, then the PPD baselines
-    assert [e["key"] for e in first[:6]] == [f"cifar10_nk0.1_{o}_lr{lr}_s0" for lr in ("0.1", "0.01", "0.001")
+    assert queue["stages"] == [s.stage for s in campaign_queue.SECTIONS]
+    assert all(e.get("config_sha") for e in entries) and all(e["steps"] == 40000 for e in entries)
+    stages = [e["stage"] for e in entries]
+    assert stages == sorted(stages, key=queue["stages"].index)            # entries grouped by stage, in order
+    seed0 = [e for e in entries if e["stage"] == "table1_seed0"]
+    assert len(seed0) == 2 * 4 * 4 * 3 and {e["seed"] for e in seed0} == {0} and {e["rule"] for e in seed0} == {"grid"}
+    # the CIFAR-10 91 % cell first: ce and auc_lp at every lr, then the PPD pair; then Cat&Dog 91 %
+    assert [e["key"] for e in seed0[:6]] == [f"cifar10_nk0.1_{o}_lr{lr}_s0" for lr in ("0.1", "0.01", "0.001")
                                              for o in ("ce", "auc_lp")]
-    assert {e["objective"] for e in first[6:12]} == {"ppd_sg", "ppd_adagrad"}
+    assert {e["objective"] for e in seed0[6:12]} == {"ppd_sg", "ppd_adagrad"}
+    assert seed0[12]["key"] == "catdog_nk0.1_ce_lr0.1_s0" and seed0[24]["key"] == "cifar10_nk0.2_ce_lr0.1_s0"
+    later = [e for e in entries if e["stage"] == "table1_seeds12"]
+    assert {e["seed"] for e in later} == {1, 2} and {e["rule"] for e in later} == {"chosen"}
+    assert {e["cell"] for e in later} == {e["cell"] for e in seed0}      # every later seed has its seed-0 cell
+    # the paper's regime in every table but the augmented arm, which only runs the 91 % cells
+    for e in entries:
+        cfg = e["overrides"]
+        assert ("regime=augmented" in cfg) == e["stage"].startswith("augmented")
+    aug = [e for e in entries if e["stage"].startswith("augmented")]
+    assert {e["where"]["dataset.neg_keep"] for e in aug} == {0.1} and all("_augmented_" in e["key"] for e in aug)
+    eps = [e for e in entries if e["stage"] == "eps_compact"]
+    assert {e["rule"] for e in eps} == {"anchor"} and all(e["anchor_cell"] in {x["cell"] for x in seed0} for e in eps)
+    # host-only entries are marked, and only those whose LP layer runs on the host
+    host = {e["objective"] for e in entries if e["runs_on"] != "device"}
+    assert {"f1_cvxpy", "f1_apperf"} <= host and not host & {"ce", "auc_lp", "ppd_sg", "ppd_adagrad"}
 
 
 def test_objectives_first_within_each_block_keep_blocks_whole():
@@ -310,7 +325,29 @@ def test_a_new_queue_order_moves_the_ledger_along_and_a_changed_entry_does_not(q
     monkeypatch.setattr(campaign_queue, "build", lambda: changed)
     assert campaign.main(["--dir", str(d), "queue"]) == 0
     assert json.loads((d / "ledger.json").read_text())["queue_version"] == turned["version"]
-    assert f"the entries of {changed['entries'][-1]['key']} changed" in capsys.readouterr().out
+    assert f"no entry of the new queue has the protocol of {changed['entries'][-1]['key']}" in capsys.readouterr().out
+
+
+def test_a_renamed_entry_takes_its_run_folder_and_ledger_record_along(queue_dir, returned, tmp_path, monkeypatch):
+    d = folded_copy(queue_dir, tmp_path)
+    campaign_fold.fold([returned], d, log=lambda m: None)
+    old = json.loads((d / "queue.json").read_text())
+    renamed = json.loads(json.dumps(old))
+    first = renamed["entries"][0]
+    old_key, first["key"] = first["key"], first["key"].replace("_ce_", "_augmented_ce_")
+    renamed["version"] = campaign_queue.version(renamed["entries"])
+    before = (d / "runs" / old_key / "metrics.csv").read_bytes()
+    monkeypatch.setattr(campaign_queue, "build", lambda: renamed)
+    assert campaign.main(["--dir", str(d), "queue"]) == 0
+    ledger = json.loads((d / "ledger.json").read_text())
+    assert ledger["queue_version"] == renamed["version"] and ledger["earlier_queue_versions"] == [old["version"]]
+    assert first["key"] in ledger["runs"] and old_key not in ledger["runs"] and len(ledger["runs"]) == 2
+    assert not (d / "runs" / old_key).exists() and (d / "runs" / first["key"] / "metrics.csv").read_bytes() == before
+    meta = json.loads((d / "runs" / first["key"] / "campaign.json").read_text())
+    assert meta["key"] == first["key"] and meta["requeued"] == [{"key": old_key, "queue_version": old["version"]}]
+    # the renamed run is done under its new key: plan no longer offers it
+    waiting = campaign.pending(renamed, ledger, d)
+    assert first["key"] not in {e["key"] for e in waiting}
 
 
 def test_pack_cost_fits_a_pack_overhead_from_the_solo_probe_and_shares_it_within_a_pack():
