@@ -56,20 +56,13 @@ Example::
 """
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from objectives.common import binary_scores, check_labels, check_positive_class
-from objectives.pairwise import PairwiseRampLP
-
-
-#: ``masked``: the |X+||X-| pairs, gathered by boolean masks (shapes depend on the labels: one
-#: host sync per batch); ``dense``: all B x B pairs with zero weight off the (positive, negative)
-#: ones, a fixed shape, no sync (with ``solver.capture_safe`` the whole loss is capturable)
-PAIR_LAYOUTS = ("masked", "dense")
+from objectives.pairwise import PAIR_LAYOUTS, PairwiseRampLP, check_pair_layout  # noqa: F401 -- re-exported
 
 
 def auc_pairs(scores: torch.Tensor, labels: torch.Tensor, positive: int = 1) -> torch.Tensor | None:
@@ -104,37 +97,7 @@ class AUCLoss(PairwiseRampLP):
         binary_scores(torch.zeros(1, 2), score)  # validates the name at construction
         self.score = score
         self.positive_class = check_positive_class(positive_class)
-        if pair_layout not in PAIR_LAYOUTS:
-            raise ValueError(f"pair_layout must be one of {PAIR_LAYOUTS}; got {pair_layout!r}")
-        self.pair_layout = pair_layout
-
-    @property
-    def capturable(self) -> bool:
-        """Dense pairs with the capture-safe solver or the closed form: no host sync anywhere
-        (``tests/test_auc_dense_pairs.py``)."""
-        return self.pair_layout == "dense" and (self.method == "closed_form"
-                                                or bool(self.solver_options.get("capture_safe")))
-
-    def capture_safe_form(self) -> "AUCLoss | None":
-        """This loss with ``pair_layout="dense"`` and, for ``method="lp"``, the capture-safe
-        solver: the same loss and gradient (``tests/test_auc_dense_pairs.py``), no host sync.
-        ``None`` where the solver options need the host (e.g. ``backward="unrolled"``, a warm
-        start): the solver refuses them, tried here on a two-sample batch."""
-        if self.capturable:
-            return self
-        from solver.errors import LPInputError
-        twin = copy.deepcopy(self)
-        twin.pair_layout = "dense"
-        if twin.method == "lp":   # "auto" may route to HiGHS on the CPU; the capture-safe path is Newton's
-            forward = twin.solver_options.get("forward", "auto")
-            twin.solver_options = {**twin.solver_options, "capture_safe": True,
-                                   "forward": "newton" if forward == "auto" else forward}
-        try:
-            twin(torch.zeros(2, 2), torch.tensor([0, 1]))
-        except LPInputError:
-            return None
-        twin.pop_stats()   # the trial batch is no training batch
-        return twin
+        self.pair_layout = check_pair_layout(pair_layout)
 
     def dense_pairs(self, logits: torch.Tensor, labels: torch.Tensor):
         """All ``B x B`` ordered pairs (row-major, so the (positive, negative) pairs keep

@@ -67,7 +67,7 @@ def capturable(stepper: PackedStep) -> str:
     for i, (obj, opt) in enumerate(zip(stepper.objectives, stepper.optimizers)):
         if not getattr(obj, "capturable", False):
             return (f"run {i}'s objective {type(obj).__name__} is not capturable (ce and "
-                    "objective=auc_lp_capture are)")
+                    "the capture-safe forms of auc_lp, auc_ova_lp and f1_lp are)")
         if type(opt) is not torch.optim.SGD and not getattr(opt, "graph_safe", False):
             return (f"run {i}'s optimizer {type(opt).__name__} is neither plain torch.optim.SGD "
                     "nor graph_safe")

@@ -104,7 +104,8 @@ class SolverOptions:
     # backward.  Same scope as equilibrate, and off with a warm_start (its z has the full n)
     presolve: bool = True
     # capture-safe path (solver/capture.py) for separable LPs (A a DiagonalOperator, no
-    # equalities: the AUC-family LPs): fixed shapes, fixed_iters Newton steps in each of
+    # equalities: the AUC-family LPs), and for a dense LP with a vertex_guess (the F-score family:
+    # the guess certified with device masks, solver/capture_guess.py): fixed shapes, fixed_iters Newton steps in each of
     # fixed_eps_stages eps stages, finished LPs masked (never changed again), no host sync in
     # forward or backward, so the solve runs under torch.compile(fullgraph=True) and inside a
     # CUDA graph.  Stats stay device tensors; a non-converged LP is flagged, never raised.

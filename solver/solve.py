@@ -313,8 +313,9 @@ def solve_lp(c, A, b, A_eq=None, b_eq=None, *, backward: str = "active_set",
             of time to HiGHS (a large one at once; :mod:`solver.auto`).  General LPs are
             presolved and equilibrated before Newton (:mod:`solver.presolve`,
             :mod:`solver.scaling`), mapped back exactly.
-            ``capture_safe=True`` (separable LPs: ``DiagonalOperator`` A, no equalities) runs
-            fixed counts with device-side flags and no host sync (:mod:`solver.capture`);
+            ``capture_safe=True`` (separable LPs: ``DiagonalOperator`` A, no equalities; and a
+            dense LP with a ``vertex_guess``, certified on the device: :mod:`solver.capture_guess`)
+            runs fixed counts with device-side flags and no host sync (:mod:`solver.capture`);
             its ``stats`` are device tensors and failures are flagged there, not raised.
 
     Leading batch dimensions broadcast (an unbatched ``A`` is shared by the batch).
@@ -338,7 +339,7 @@ def solve_lp(c, A, b, A_eq=None, b_eq=None, *, backward: str = "active_set",
     if backward not in BACKWARDS:
         raise LPInputError(f"backward={backward!r}; choose 'active_set' or 'unrolled'.")
     opts = SolverOptions.from_kwargs(options)
-    if opts.capture_safe:   # fixed counts, device flags, no host sync (separable LPs only)
+    if opts.capture_safe:   # fixed counts, device flags, no host sync (separable LPs, certified guesses)
         from solver.capture import solve_capture_safe   # it imports this module
         return solve_capture_safe(c, A, b, A_eq, b_eq, backward, opts)
     t0 = time.perf_counter()
