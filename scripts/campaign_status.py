@@ -89,8 +89,9 @@ def status(folder: Path, with_windows: bool = False) -> str:
 
 def still_needed(queue: dict, ledger: dict, folder: Path) -> list[dict]:
     """The runs still to train, in plan order: every pending entry, then for each waiting cell
-    and seed one stand-in (the lr is not chosen yet; its lrs cost the same) and every waiting
-    anchor entry (its lr may be chosen now or later: each is trained once either way)."""
+    and seed one stand-in (the lr is not chosen yet; its lrs cost the same), and every waiting
+    anchor entry: one per cell in its own stage (the anchor's lr), the others in their ``later``
+    stage (each is trained once either way)."""
     state = campaign_order.states(queue, ledger, folder)
     out = campaign_order.ordered_pending(queue, ledger, folder)
     order = {name: i for i, name in enumerate(queue.get("stages", []))}
@@ -98,9 +99,13 @@ def still_needed(queue: dict, ledger: dict, folder: Path) -> list[dict]:
     for i, e in enumerate(queue["entries"]):
         if state[e["key"]][0] != "waiting":
             continue
-        group = (e.get("cell"), e.get("seed")) if e.get("rule") == "chosen" else e["key"]
-        if group not in seen:
-            seen.add(group)
+        if e.get("rule") == "anchor":
+            first = e.get("cell") not in seen
+            seen.add(e.get("cell"))
+            stage = e.get("stage") if first else e.get("later") or e.get("stage")
+            waiting.append((order.get(stage, len(order)), i, {**e, "stage": stage}))
+        elif (e.get("cell"), e.get("seed")) not in seen:
+            seen.add((e.get("cell"), e.get("seed")))
             waiting.append((order.get(e.get("stage"), len(order)), i, e))
     return out + [e for _, _, e in sorted(waiting, key=lambda t: t[:2])]
 
