@@ -50,6 +50,19 @@ def entry_where(entry: dict, level: str, pivot: str | None) -> tuple:
     return (w["dataset.name"], float(w[f"dataset.{level}"]), *([float(w[pivot])] if pivot else []))
 
 
+def arm_of(entry: dict) -> str | None:
+    """The regime an entry overrides (``regime=augmented``: a second arm of a table), ``None``
+    for its experiment's own (the paper's regime)."""
+    return next((o.split("=", 1)[1] for o in entry.get("overrides", []) if o.startswith("regime=")), None)
+
+
+def row_name(entry: dict) -> str:
+    """The table row of an entry: its objective, with its arm where it is not the paper's regime
+    (``ce (regime=augmented)``), so the two arms never share a cell or a paper number."""
+    arm = arm_of(entry)
+    return entry["objective"] + (f" (regime={arm})" if arm else "")
+
+
 def expected_cells(queue: dict, table: str, level: str, pivot: str | None, done: set[str],
                    state: dict | None = None) -> dict[tuple, tuple[int, int]]:
     """``{(where, objective): (runs queued, runs done)}`` for the entries that fill ``table``
@@ -70,7 +83,7 @@ def expected_cells(queue: dict, table: str, level: str, pivot: str | None, done:
             if group in seen:
                 continue
             seen.add(group)
-        count = out.setdefault((entry_where(e, level, pivot), e["objective"]), [0, 0])
+        count = out.setdefault((entry_where(e, level, pivot), row_name(e)), [0, 0])
         count[0] += 1
         count[1] += e["key"] in done
     return {k: (n, d) for k, (n, d) in out.items()}

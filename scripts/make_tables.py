@@ -68,7 +68,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import campaign_order
-from campaign_cells import LEDGER_FILE, done_keys, expected_cells, find_queue, queued_labels, read_json
+from campaign_cells import LEDGER_FILE, done_keys, expected_cells, find_queue, queued_labels, read_json, row_name
 from paper_numbers import PAPER
 
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
@@ -526,6 +526,10 @@ def main(argv: list[str] | None = None) -> str:
     runs = load(args.folders, spec, args.lr_rule, log, args.select, args.bn)
     pending = {}
     if queue is not None:
+        entries = {e["key"]: e for e in queue.get("entries", [])}
+        for r in runs:   # a queued run's row: its objective and its arm (campaign_cells.row_name)
+            if r.path.parent.name in entries:
+                r.name = row_name(entries[r.path.parent.name])
         names = {p.parent.name for f in args.folders for p in f.rglob("results.json")}
         ledger_path = queue_path.parent / LEDGER_FILE
         ledger = read_json(ledger_path, "ledger") if ledger_path.is_file() else {}

@@ -118,3 +118,12 @@ def test_status_windows_prices_device_runs_and_lists_host_only_apart(tmp_path):
     assert rows["s0"].split(" | ")[1:3] == ["3", "3"] and rows["s12"].split(" | ")[1:3] == ["2", "2"]
     assert rows["all device runs"].split(" | ")[1] == "5"
     assert lines[-1].startswith("Host-only runs still needed, never planned for a device command (1): f1_cvxpy 1")
+
+
+def test_the_augmented_arm_has_its_own_rows_and_pending_counts(tmp_path):
+    from campaign_cells import row_name
+    paper = entry("p", "p", 0, 0.1, "s0", overrides=["dataset=d", "objective=ce"])
+    aug = entry("a", "a", 0, 0.1, "s0", overrides=["regime=augmented", "dataset=d", "objective=ce"])
+    assert row_name(paper) == "ce" and row_name(aug) == "ce (regime=augmented)"
+    count = expected_cells(queue_of(paper, aug), "binary", "neg_keep", None, {"a"})
+    assert count == {(("d", 0.1), "ce"): (1, 0), (("d", 0.1), "ce (regime=augmented)"): (1, 1)}
