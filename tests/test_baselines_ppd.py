@@ -164,14 +164,16 @@ def test_single_steps_match_the_update_formulas():
             assert torch.allclose(v.detach(), v0 - eta * gv)  # the proximal term is 0 at v = ref
             assert torch.allclose(alpha.detach(), eta * ga)
         else:  # v+ solves eta*g + eta/gamma*(v+ - ref) + H*(v+ - v_t) = 0 with H = delta + |g|
-            H = gv.abs() + 1e-8
+            delta = opt.param_groups[0]["delta"]
+            assert delta == 0.5   # Liu et al.'s official code (optimizer.py, PPD_ADAGRAD: epsilon = 0.5)
+            H = gv.abs() + delta
             residual = eta * gv + eta / gamma * (v.detach() - v0) + H * (v.detach() - v0)
             assert residual.abs().max() < 1e-5
-            assert torch.allclose(alpha.detach(), eta * ga / (ga.abs() + 1e-8))
+            assert torch.allclose(alpha.detach(), eta * ga / (ga.abs() + delta))
             v1 = v.detach().clone()  # second step: v_t != ref, H accumulates both gradients
             v.grad = -grad.clone()
             opt.step()
             gv2 = -grad + wd * v1
-            H2 = (gv ** 2 + gv2 ** 2).sqrt() + 1e-8
+            H2 = (gv ** 2 + gv2 ** 2).sqrt() + delta
             residual = eta * gv2 + eta / gamma * (v.detach() - v0) + H2 * (v.detach() - v1)
             assert residual.abs().max() < 1e-5
