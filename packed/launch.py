@@ -55,6 +55,18 @@ loss and gradient, no host sync: :func:`packed.graph.capture_form`) and steps pl
 one pack-wide update (:class:`packed.optim.PackedSGD`); ``results.json``'s ``"packed"`` record
 says which (``capture_safe_objective``, ``pack_update``).
 
+Evaluation. Runs of a pack that evaluate at the same step get their logits from one pass of the
+pack over the evaluation sets (:class:`packed.evaluate.PackEvaluator`: the pack's forward on every
+run's batch at once, in both BatchNorm modes), then their metrics, rows and checkpoints from
+:meth:`train.Run.evaluate` as alone; the rows equal per-run evaluation's (bit for bit on the CPU,
+``tests/test_packed_evaluate.py``). ``batched_eval=False`` evaluates run by run; ``results.json``'s
+``"packed"`` record counts the predict calls served each way (``evaluation``).
+
+Forward mode. ``mode`` (default ``"auto"``: ``vmap`` on CUDA, ``loop`` on the CPU) is the
+:class:`packed.model.PackedModels` mode of every pack, e.g. the one a window's selector chose
+(:mod:`packed.select`); a pack that cannot take it (``gemm`` for a non-ResNet) falls back to
+``auto`` with a warning. ``results.json``'s ``"packed"`` record names it (``mode``).
+
 Limits: ``resume=true`` is refused (resume a packed run's folder with ``train.py resume=true``:
 its ``last.pt`` holds the run's own RNG state); all runs of a pack stop at the same
 ``trainer.max_steps``; each run holds its own copy of its splits on the device (runs of one
@@ -84,8 +96,9 @@ from data.stream import BatchStream
 from runfolder import _flatten
 from guards import DegenerateBatchesError
 from objectives.common import labels_checked
+from packed.evaluate import PackEvaluator
 from packed.graph import GraphedStep, capturable, capture_form
-from packed.model import pack
+from packed.model import PackError, pack
 from packed.step import Divergence, PackedStep
 
 log = logging.getLogger(__name__)
@@ -157,12 +170,13 @@ def _describe(keys: list[dict[str, Any]], packs: list[list[int]], differing: lis
 
 
 def train_packed(jobs: list[Job], max_pack: int | None = None, deadline: float | None = None,
-                 sync_free: bool | None = None, cuda_graph: bool = False) -> list[Any]:
+                 sync_free: bool | None = None, cuda_graph: bool = False,
+                 batched_eval: bool = True, mode: str = "auto") -> list[Any]:
     """Train ``jobs`` as packs; returns per job its ``results.json`` dict or the exception that
     stopped its preparation (bad config, missing data, an optimizer that cannot be built) or its
     pack's training (every run of that pack gets it), in the jobs' order; the other jobs run (as under Hydra's basic launcher, the multirun then
     exits with the first failed job's error). ``deadline``, ``sync_free`` (``None``: on for
-    packs on CUDA), ``cuda_graph``: see the module docstring."""
+    packs on CUDA), ``cuda_graph``, ``batched_eval``, ``mode``: see the module docstring."""
     outcomes: list[Any] = [None] * len(jobs)
     members: dict[int, _Member] = {}
     for i, job in enumerate(jobs):
@@ -202,7 +216,8 @@ def train_packed(jobs: list[Job], max_pack: int | None = None, deadline: float |
         pack_members = [members[order[j]] for j in p]
         oom = None
         try:
-            for i, results in zip(p, _train_pack(pack_members, deadline, sync_free, cuda_graph)):
+            for i, results in zip(p, _train_pack(pack_members, deadline, sync_free, cuda_graph, batched_eval,
+                                                  mode)):
                 outcomes[order[i]] = results
         except torch.OutOfMemoryError as err:
             if any(m.run.rows for m in pack_members):   # evaluated already: not restartable
@@ -337,8 +352,19 @@ def _evaluate(m: _Member, i: int, step: int, stepper: PackedStep, times: dict) -
     m.losses = []
 
 
+def _evaluate_runs(members: list[_Member], due: list[int], step: int, stepper: PackedStep,
+                   times: dict, evaluator: PackEvaluator) -> None:
+    """:func:`_evaluate` of the live runs among ``due``, their logits from one pass of the pack
+    where the evaluator can (:class:`packed.evaluate.PackEvaluator`)."""
+    live = [i for i in due if i not in stepper.divergences]
+    with evaluator.serving({i: members[i].run for i in live}):
+        for i in live:
+            _evaluate(members[i], i, step, stepper, times)
+
+
 def _train_pack(members: list[_Member], deadline: float | None = None,
-                sync_free: bool | None = None, cuda_graph: bool = False) -> list[dict[str, Any]]:
+                sync_free: bool | None = None, cuda_graph: bool = False,
+                batched_eval: bool = True, mode: str = "auto") -> list[dict[str, Any]]:
     runs = [m.run for m in members]
     n, max_steps, device = len(runs), runs[0].cfg.trainer.max_steps, runs[0].device
     sync_free = device.type == "cuda" if sync_free is None else bool(sync_free)
@@ -352,7 +378,13 @@ def _train_pack(members: list[_Member], deadline: float | None = None,
         form = capture_form(m.run.objective, device)
         swapped.append(form is not m.run.objective)
         m.run.objective = form
-    packed = pack([r.model for r in runs])
+    try:
+        packed = pack([r.model for r in runs], mode)
+    except PackError as err:   # a mode chosen on another pack (gemm: ResNets only)
+        if mode == "auto":
+            raise
+        log.warning(f"pack of {n}: mode={mode!r} does not fit this pack ({err}); mode='auto'")
+        packed = pack([r.model for r in runs])
     for m, view in zip(members, packed.models):
         m.run.attach_optimizer(view)
         m.run.logger = instantiate(m.run.cfg.logger, _partial_=True)(run_dir=str(m.run.run_dir),
@@ -364,6 +396,9 @@ def _train_pack(members: list[_Member], deadline: float | None = None,
     log.info(f"pack of {n}: optimizer update: {stepper.update_note}"
              + (f"; {sum(swapped)} objective(s) in their capture-safe form" if any(swapped) else ""))
     runner = step_runner(stepper, cuda_graph, device, n)
+    evaluator = PackEvaluator(packed, device, enabled=batched_eval)
+    log.info(f"pack of {n}: evaluation: {evaluator.note}"
+             + (f"; BN-train evaluations per run ({evaluator.no_bn_train})" if evaluator.no_bn_train else ""))
     times: dict[str, list[float]] = {"data": [], "step": []}
     stopped = None
     loss_log = _LossLog()
@@ -375,9 +410,9 @@ def _train_pack(members: list[_Member], deadline: float | None = None,
                 if deadline is not None and step > 0 and time.monotonic() >= deadline:
                     loss_log.flush(members, stepper)
                     t2 = time.perf_counter()
-                    for i, m in enumerate(members):   # a last evaluation where there was none
-                        if i not in stepper.divergences and (not m.run.rows or m.run.rows[-1]["step"] != step):
-                            _evaluate(m, i, step, stepper, times)
+                    last = [i for i, m in enumerate(members)   # a last evaluation where there was none
+                            if not m.run.rows or m.run.rows[-1]["step"] != step]
+                    _evaluate_runs(members, last, step, stepper, times, evaluator)
                     eval_s += time.perf_counter() - t2
                     stopped = {"step": step, "reason": "deadline"}
                     log.warning(f"pack of {n}: deadline reached, stopped at step {step} of {max_steps}")
@@ -394,9 +429,7 @@ def _train_pack(members: list[_Member], deadline: float | None = None,
                 if due or not sync_free:   # eager: the losses are read every step anyway
                     loss_log.flush(members, stepper)
                 t2 = time.perf_counter()
-                for i in due:
-                    if i not in stepper.divergences:
-                        _evaluate(members[i], i, step + 1, stepper, times)
+                _evaluate_runs(members, due, step + 1, stepper, times, evaluator)
                 eval_s += time.perf_counter() - t2
             loss_log.flush(members, stepper)
             # per run: the pack's medians shared out; pack_*: the whole pack's step. Sync-free on
@@ -412,7 +445,10 @@ def _train_pack(members: list[_Member], deadline: float | None = None,
                 div = stepper.divergences.get(i)
                 packed_record = {"size": n, "index": i, "sync_free": sync_free,
                                  "pack_update": stepper.update is not None,
-                                 "capture_safe_objective": swapped[i]}
+                                 "mode": packed.mode,
+                                 "capture_safe_objective": swapped[i],
+                                 "evaluation": {"note": evaluator.note, "batched_predicts": evaluator.served,
+                                                "per_run_predicts": evaluator.missed}}
                 out.append(m.run.results(timing, m.job.choices, packed=packed_record,
                                          diverged={"step": div.step, "reason": div.reason} if div else None,
                                          stopped=stopped))
