@@ -39,13 +39,19 @@ cuda_tests() {   # every test that CPU machines skip for want of CUDA (-rs lists
         $PY -m pip install -q --no-index --no-deps --target "$site" .whl/*.whl .whl/pytest/*.whl >> "$OUT/cuda_tests.log" 2>&1
         export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
     fi
-    timeout 120 $PY -m pytest -q -p no:cacheprovider -rs \
+    timeout 240 $PY -m pytest -q -p no:cacheprovider -rs \
         tests/test_solver_batch.py::test_cuda_matches_cpu \
         tests/test_objectives_ratio_relaxation.py::test_cuda_matches_cpu \
         tests/test_solver_capture.py::test_cuda_graph_capture_and_replay \
         tests/test_solver_highs.py::test_cuda_tensors_raise \
         tests/test_packed_pack_forward.py::test_an_epsilon_sweep_captures_in_a_cuda_graph \
         tests/test_data_stream.py::test_cpu_and_cuda_streams_give_the_same_batches \
+        tests/test_objectives_capture_f1.py::test_cuda_graph_capture_and_replay \
+        tests/test_objectives_capture_ova.py::test_cuda_graph_capture_and_replay \
+        tests/test_packed_gemm.py::test_cuda_gemm_is_in_the_precision_class_of_vmap \
+        tests/test_packed_gemm.py::test_cuda_graph_capture_replays_the_gemm_pack \
+        tests/test_packed_onepass_sgd.py::test_one_pass_captured_in_a_cuda_graph_equals_the_eager_update \
+        tests/test_packed_evaluate.py::test_pack_predict_on_cuda_agrees_with_predict \
         >> "$OUT/cuda_tests.log" 2>&1
 }
 
