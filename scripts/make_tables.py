@@ -83,6 +83,7 @@ IGNORED = (  # config keys (and their sub-keys) that never define a protocol
     "trainer.eval_every",       # when val/test are measured; the last eval is at max_steps anyway
     "trainer.checkpoints",      # whether best.pt / last.pt were written
     "trainer.bntrain_batch_size",   # the extra BN-train test evaluation (read with --bn train)
+    "trainer.trust_checkpoint",     # whether an old pickled checkpoint may be loaded (not what it trains)
 )
 COLUMN_PREFIXES = ("dataset.", "model.")  # may differ between columns, not inside one
 LR_KEY = "optimizer.lr"
