@@ -1,13 +1,13 @@
 """Evaluation metrics: binary AUC / AP / F1 / accuracy / MCC / Jaccard / EER / misclassification
 rate, multi-class AUC one-vs-rest and AUC_mu.
 
-What the paper's tables report (seed 002, section 5): binary AUC (table 1), F1 and accuracy
+What the paper's tables report (Meng et al. 2021, section 5): binary AUC (table 1), F1 and accuracy
 (F1 section), and for the 3-group multi-class task AUC^ova and AUC_mu (table 2). The learned
-surrogate baseline's paper (Grabocka et al. 2019, seed 004 §4.1) also reports MCC, the Jaccard
+surrogate baseline's paper (Grabocka et al. 2019, §4.1) also reports MCC, the Jaccard
 index, the equal error rate (EER) and the misclassification rate (MCR). scikit-learn computes
 everything it has (``roc_auc_score``, ``average_precision_score``, ``f1_score``,
 ``accuracy_score``, ``jaccard_score``, ``roc_curve``); MCC (four counts), EER (:func:`eer`, closed
-form on the ROC) and AUC_mu are written here; AUC_mu from Kleiman & Page (2019), seed 002
+form on the ROC) and AUC_mu are written here; AUC_mu from Kleiman & Page (2019), Meng et al. 2021,
 sec. 3.3:
 
 .. math::
@@ -290,7 +290,7 @@ def evaluate(labels: np.ndarray, logits: np.ndarray, task: str) -> dict[str, flo
     binary (logits ``[N, 2]``; ``[N]`` is read as ``l_1 - l_0``): ``auc``, ``ap`` and ``eer`` on
     the score ``softmax(logits)[:, 1]`` (ranked through its margin, see :func:`roc_scores`);
     ``f1``, ``acc``, ``mcc`` and ``jaccard`` of ``argmax`` (ties go to class 0; Grabocka et al.
-    tune the threshold per dataset instead, seed 004 §4.1). The misclassification rate is
+    tune the threshold per dataset instead, §4.1). The misclassification rate is
     ``1 - acc``, so it gets no column of its own. multiclass: ``auc_mu`` on ``softmax(logits)``
     with P = 1 - I, ``auc_ova`` (mean over present classes) and ``acc`` of ``argmax``.
     """

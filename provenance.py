@@ -1,6 +1,6 @@
 """The code version and the machine behind a run: ``results.json["provenance"]``.
 
-A result whose code cannot be named cannot be rerun (issue 18), so every run folder written
+A result whose code cannot be named cannot be rerun, so every run folder written
 through :meth:`train.Run.results` -- ``train.py`` runs, packed and campaign runs alike -- records::
 
     {"git_commit": "3daf590...",   # full sha of HEAD, "unknown" outside a repository / without git

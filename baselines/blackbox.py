@@ -1,5 +1,5 @@
 r"""Blackbox differentiation of an LP in its cost vector (Vlastelica Pogančić et al. 2020,
-"Differentiation of Blackbox Combinatorial Solvers", ICLR), the CPU baseline of seed 002 §5
+"Differentiation of Blackbox Combinatorial Solvers", ICLR), the CPU baseline of Meng et al. 2021 §5
 ("Comparing with blackbox solvers", fig. 3b): the LP is solved by HiGHS through
 ``scipy.optimize.linprog``, one call per instance of the batch.
 

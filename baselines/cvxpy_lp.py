@@ -1,4 +1,4 @@
-r"""The project's LPs through cvxpylayers: the "CVXPY-SCS" baseline of Meng et al. 2021 (seed 002 §5,
+r"""The project's LPs through cvxpylayers: the "CVXPY-SCS" baseline of Meng et al. 2021 (§5,
 "Optimizing F1-score"; Table 3).
 
 :class:`CvxpyLP` is a generic differentiable layer for
@@ -255,7 +255,7 @@ class AUCCvxpyLoss(AUCLoss):
 class F1CvxpyLoss(F1LPLoss):
     r"""F1 loss of :class:`objectives.ratio.F1LPLoss` (:math:`-\mathrm{OPT}` of the
     Charnes-Cooper LP built by :func:`objectives.fractional.charnes_cooper_lp`) with the LP solved
-    by cvxpylayers; the paper's CVXPY-SCS baseline of the F1 experiment (seed 002 §5).
+    by cvxpylayers; the paper's CVXPY-SCS baseline of the F1 experiment (Meng et al. 2021 §5).
 
     Args:
         phi, safeguard, positive_class, bound, margin: as :class:`objectives.ratio.F1LPLoss`

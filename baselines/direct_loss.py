@@ -1,5 +1,6 @@
 r"""Direct loss minimization and its structured-prediction relatives (Song, Schwing, Zemel,
-Urtasun 2016; seed ``../shared/seeds/003_*.txt`` §2 Theorem 1, eqs. (2)-(3); §4.1 "Algorithms").
+Urtasun 2016, "Direct loss minimization for training deep neural nets"; §2 Theorem 1, eqs. (2)-(3);
+§4.1 "Algorithms").
 
 A task loss :math:`\Delta` (``ap``: :mod:`baselines.direct_loss_ap`, ``zero_one``:
 :mod:`baselines.direct_loss_01`) defines a scoring function :math:`F(x, y, w)` over outputs

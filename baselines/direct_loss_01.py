@@ -1,5 +1,5 @@
-r"""The 0-1 loss as the task loss of direct loss minimization (Song et al. 2016, seed
-``../shared/seeds/003_*.txt`` §4.1: "For the latter we predict for each sample :math:`x_i` whether
+r"""The 0-1 loss as the task loss of direct loss minimization (Song et al. 2016,
+§4.1: "For the latter we predict for each sample :math:`x_i` whether
 it is a member of the set :math:`\mathcal P` or whether it is part of the set :math:`\mathcal N`").
 
 The output labels each sample of the batch, :math:`y \in \{-1, +1\}^B`, with the scoring function

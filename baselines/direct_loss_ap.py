@@ -1,5 +1,6 @@
 r"""Average precision as the task loss of direct loss minimization (Song, Schwing, Zemel, Urtasun
-2016; seed ``../shared/seeds/003_*.txt`` §3: eq. (4), Observation 1, Fig. 2 / Lemma 1).
+2016, "Direct loss minimization for training deep neural nets"; §3: eq. (4), Observation 1,
+Fig. 2 / Lemma 1).
 
 The output is a ranking of the batch, written as pairwise signs :math:`y_{mn} \in \{\pm1\}`
 (:math:`+1`: positive :math:`m` above negative :math:`n`), with scores :math:`\phi_i` and

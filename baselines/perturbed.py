@@ -1,6 +1,6 @@
 r"""Perturbed LP optimizer (Berthet et al. 2020, "Learning with Differentiable Perturbed
-Optimizers", NeurIPS), the third column of seed 002 Table 3: an LP solved by HiGHS on Gaussian
-perturbations of its cost vector.
+Optimizers", NeurIPS), the third column of Meng et al. 2021, Table 3: an LP solved by HiGHS on
+Gaussian perturbations of its cost vector.
 
 For fixed data :math:`(A, b, A_{eq}, b_{eq})` and the vertex map
 :math:`z^*(c) = \arg\min_{z\ge0} c^\top z` s.t. :math:`Az \le b,\ A_{eq}z = b_{eq}`, the perturbed

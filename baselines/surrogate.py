@@ -1,6 +1,6 @@
 r"""Learned set-wise surrogate losses (Grabocka, Scholz, Schmidt-Thieme 2019).
 
-Seed: ``../shared/seeds/004_*.txt`` (eq. (2)-(5), Algorithm 1, §4.1-4.2).  A permutation-invariant
+Paper: eq. (2)-(5), Algorithm 1, §4.1-4.2.  A permutation-invariant
 network approximates any true set loss :math:`\ell` (``surrogate_targets.py``):
 
 .. math::
@@ -44,8 +44,8 @@ Departures (ours):
 
 * ``beta_scores=stale``: the steps reuse the scores the :math:`K_\alpha` training forward passes
   produced (detached), up to :math:`K_\alpha` model steps old: no extra forward pass, no BatchNorm
-  handling. The choice before issue 19.
-* ``lr_beta=1e-3 clip_beta=null``: the step size before issue 19, chosen because the paper's
+  handling.
+* ``lr_beta=1e-3 clip_beta=null``: a larger, unclipped step for short runs: the paper's
   :math:`10^{-5}` is tuned for 300k iterations and our runs are 40k (or a few thousand on a CPU):
   at :math:`10^{-5}` a surrogate from scratch (SL-S) barely moves in such a budget.
 * :math:`\hat y` is the logit margin :math:`l_1 - l_0` (an unbounded real score, matching the

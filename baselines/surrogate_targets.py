@@ -1,6 +1,6 @@
 r"""The true (non-differentiable) set losses the learned surrogate imitates, batched over sets.
 
-Grabocka, Scholz, Schmidt-Thieme, *Learning Surrogate Losses* (2019; ``../shared/seeds/004_*.txt``,
+Grabocka, Scholz, Schmidt-Thieme, *Learning Surrogate Losses* (2019,
 §4.1): AUC, AP, F1, Jaccard and MCC become losses through :math:`1 - x`; the misclassification
 rate (MCR) and the equal error rate (EER) are losses already.  Thresholded metrics predict
 positive where :math:`\hat y \ge \tau` (``threshold``; the paper tunes :math:`\tau` per dataset).

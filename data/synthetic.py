@@ -1,4 +1,4 @@
-r"""Synthetic data of Song et al. 2016 (direct loss minimization for AP), seed 003 §4.1.
+r"""Synthetic data of Song et al. 2016 (direct loss minimization for AP), §4.1.
 
 "We generate synthetic data by randomly drawing the parameters of a 4-layer neural network with
 activations being rectified linear units [...] normal distribution with zero mean and unit

@@ -65,7 +65,7 @@ def svmlight(root=None, download: bool = False, cache_dir=None, path: str | None
     test split. Labels are mapped to ``0..K-1`` in sorted order (so ``-1/+1`` and ``1/2`` become
     ``0/1``: in the binary task the larger original label is the positive class).
 
-    Grabocka et al. 2019 (seed 004, Table 1) train on nine binary sets, each pooled and split
+    Grabocka et al. 2019 (Table 1) train on nine binary sets, each pooled and split
     80/20 at random: give the pooled file as ``path`` and keep ``test_fraction=0.2``.
     ``configs/dataset/svmlight.yaml`` lists each set's files, counts and positive class, and a
     command close to their §4.1. Six are LIBSVM files (concatenate a set's files after

@@ -5,7 +5,7 @@ r"""Binary AUC through the pairwise LP of Meng et al. 2021, §3.2 eq. (1) (after
     \min_{z \ge 0} \sum_{i \in X_+} \sum_{j \in X_-} z_{ij}
     \quad \text{s.t.} \quad f(x_i) - f(x_j) \ge \epsilon - z_{ij},
 
-with :math:`f` the softmax probability of the positive class (not stated in the seeds; the
+with :math:`f` the softmax probability of the positive class (not stated in Meng et al.; the
 authors' public code, zihangm/nondecomposable-as-lp ``binary_auc.py``, scores
 ``softmax(logits)[:, 1]`` of a 2-way head).  In the
 solver's form: :math:`c = \mathbb 1`, :math:`A = -I` (structured diagonal operator),
@@ -31,15 +31,15 @@ loss minimised (as in the authors' code, which minimises exactly this expression
                \xrightarrow{\epsilon\to 0} 1 - \mathrm{AUC}
     \quad\text{(on tie-free scores)}.
 
-Seed 002 §3.2 (below eq. 1) reads "AUC = (n - \|z\|_0)/(|X_+||X_-|) = (n - \sum \epsilon^{-1}
-relu(\epsilon - z))/(|X_+||X_-|)".  The first form is right: :math:`z_{ij} = 0` exactly when
-:math:`d_{ij} \ge \epsilon` (a correctly ranked pair), so :math:`n - \|z\|_0` counts the correctly
-ranked pairs.  The second equality is not: its own next sentence says the relu term is 1 when
-:math:`z_{ij} = 0`, so the relu sum counts the *zero* entries, :math:`\|z\|_0 = n - \sum_{ij}
-\epsilon^{-1}\mathrm{relu}(\epsilon - z_{ij})`, and the relu form equals one minus the first (the
-loss above, not the AUC).  Also, :math:`n` there is Definition 3.1's sample count
-:math:`|X_+| + |X_-|`; for either form to be a fraction of pairs it must be the pair count
-:math:`|X_+||X_-|`, which is what the authors' code uses.
+Meng et al. 2021 §3.2 (below eq. 1) reads "AUC = (n - \|z\|_0)/(|X_+||X_-|) =
+(n - \sum \epsilon^{-1} relu(\epsilon - z))/(|X_+||X_-|)".  The first form is right:
+:math:`z_{ij} = 0` exactly when :math:`d_{ij} \ge \epsilon` (a correctly ranked pair), so
+:math:`n - \|z\|_0` counts the correctly ranked pairs.  The second equality is not: its own next
+sentence says the relu term is 1 when :math:`z_{ij} = 0`, so the relu sum counts the *zero*
+entries, :math:`\|z\|_0 = n - \sum_{ij} \epsilon^{-1}\mathrm{relu}(\epsilon - z_{ij})`, and the
+relu form equals one minus the first (the loss above, not the AUC).  Also, :math:`n` there is
+Definition 3.1's sample count :math:`|X_+| + |X_-|`; for either form to be a fraction of pairs it
+must be the pair count :math:`|X_+||X_-|`, which is what the authors' code uses.
 
 Knobs: ``epsilon`` (ramp width: only pairs with :math:`0 < d_{ij} < \epsilon` carry gradient, so
 a small epsilon is a sharp but sparse signal), ``score`` (``softmax`` | ``sigmoid`` | ``margin``),

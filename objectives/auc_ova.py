@@ -1,4 +1,4 @@
-r"""One-vs-all multi-class AUC LP: Meng et al. ICLR-2021 appendix A.1 eq. (8) (seed 001).
+r"""One-vs-all multi-class AUC LP: Meng et al., ICLR 2021 version, appendix A.1 eq. (8).
 
 The loss the paper's multi-class table trains.  With :math:`x_i^*` the label of :math:`x_i` and
 :math:`f(x, k)` the softmax probability of class :math:`k`,

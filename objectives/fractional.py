@@ -1,5 +1,5 @@
-r"""Ratio metrics as linear-fractional programs, made LPs by Charnes-Cooper (seed 001 §2.4, A.2;
-Meng et al. 2021 §3.4).
+r"""Ratio metrics as linear-fractional programs, made LPs by Charnes-Cooper (Meng et al., ICLR 2021
+version, §2.4, A.2; Meng et al. 2021 §3.4).
 
 A ratio of confusion counts is, for fixed labels :math:`Y \in \{0,1\}^n`, a linear-fractional
 function of the relaxed predictions :math:`\hat Y`:

@@ -1,8 +1,9 @@
-r"""Separable NMF as an LP layer (seed 001 appendix A.3; Recht, Re, Tropp & Bittorf 2012).
+r"""Separable NMF as an LP layer (Meng et al., ICLR 2021 version, appendix A.3; Recht, Re, Tropp &
+Bittorf 2012).
 
 For a nonnegative :math:`V \in \mathbb R^{s\times w}` whose rows sum to one, a rank-:math:`r`
 separable factorisation :math:`V = FW` takes the rows of :math:`W` among the rows of :math:`V`
-("anchor" rows).  Recht et al. find them with the LP (seed 001 eq. 17)
+("anchor" rows).  Recht et al. find them with the LP (Meng et al., ICLR 2021 version, eq. 17)
 
 .. math::
 

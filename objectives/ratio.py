@@ -1,7 +1,8 @@
-r"""F1, F-beta, Jaccard and precision@recall as LP losses (seed 001 §2.4 and A.2; Meng et al. 2021
-§3.4).  The LP construction (Charnes-Cooper, box constraints tying :math:`\hat Y` to
-:math:`\phi(f(x))`, the LICQ safeguard) lives in :mod:`objectives.fractional`; this module only says
-which ratio each metric is, with :math:`Y` the labels and :math:`P = \mathbb 1^\top Y`:
+r"""F1, F-beta, Jaccard and precision@recall as LP losses (Meng et al., ICLR 2021 version,
+§2.4 and A.2; Meng et al. 2021 §3.4).  The LP construction (Charnes-Cooper, box constraints tying
+:math:`\hat Y` to :math:`\phi(f(x))`, the LICQ safeguard) lives in :mod:`objectives.fractional`;
+this module only says which ratio each metric is, with :math:`Y` the labels and
+:math:`P = \mathbb 1^\top Y`:
 
 * F1 (eq. 11): :math:`2Y^\top\hat Y / (\mathbb 1^\top\hat Y + P)`;
 * F-beta (eq. 14): :math:`(1+\beta^2)Y^\top\hat Y / (\mathbb 1^\top\hat Y + \beta^2 P)`;
@@ -289,14 +290,15 @@ class RatioLPLoss(Objective):
 
 
 class F1LPLoss(RatioLPLoss):
-    """F1 = 2TP / (2TP + FP + FN) as an LP (seed 001 eq. 11-12)."""
+    """F1 = 2TP / (2TP + FP + FN) as an LP (Meng et al., ICLR 2021 version, eq. 11-12)."""
 
     def ratio(self, y):
         return {"num": 2 * y, "den": torch.ones_like(y), "den0": y.sum()}
 
 
 class FBetaLPLoss(RatioLPLoss):
-    """F-beta = (1 + b^2) TP / ((1 + b^2) TP + b^2 FN + FP) as an LP (seed 001 eq. 14).
+    """F-beta = (1 + b^2) TP / ((1 + b^2) TP + b^2 FN + FP) as an LP (Meng et al., ICLR 2021
+    version, eq. 14).
 
     ``beta`` > 1 weighs recall more, < 1 precision more."""
 
@@ -310,14 +312,14 @@ class FBetaLPLoss(RatioLPLoss):
 
 
 class JaccardLPLoss(RatioLPLoss):
-    """Jaccard = TP / (TP + FP + FN) as an LP (seed 001 eq. 13)."""
+    """Jaccard = TP / (TP + FP + FN) as an LP (Meng et al., ICLR 2021 version, eq. 13)."""
 
     def ratio(self, y):
         return {"num": y, "den": 1 - y, "den0": y.sum()}
 
 
 class PrecisionAtRecallLPLoss(RatioLPLoss):
-    r"""Precision at recall >= alpha as an LP (seed 001 eq. 15-16).
+    r"""Precision at recall >= alpha as an LP (Meng et al., ICLR 2021 version, eq. 15-16).
 
     When the boxes cannot reach recall ``alpha`` (positives scored too low) the LP is
     infeasible.  Then ``alpha`` is lowered to the reachable recall

@@ -1,4 +1,4 @@
-"""Many runs as one packed model (issue 9): exact packing (:mod:`packed.model`), the packed
+"""Many runs as one packed model: exact packing (:mod:`packed.model`), the packed
 training step (:mod:`packed.step`), its pack-wide SGD update (:mod:`packed.optim`) and its CUDA-graph
 replay (:mod:`packed.graph`)."""
 from packed.model import PackedModels, PackError, pack, unpack

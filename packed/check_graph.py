@@ -1,4 +1,4 @@
-"""Does a real CUDA graph of each Table-1 objective's pack step equal the eager step? (issue 17 item 2)
+"""Does a real CUDA graph of each Table-1 objective's pack step equal the eager step?
 
     python -m packed.check_graph --device cuda --out "$OUT/check_graph.json"    # a GPU window
     OMP_NUM_THREADS=1 python -m packed.check_graph --device cpu --steps 4     # the script itself

@@ -3,8 +3,8 @@
     OMP_NUM_THREADS=1 python -m packed.speed                         # CPU, N=4
     python -m packed.speed --device cuda --n 1 8 24 --models resnet18   # GPU, an N sweep
 
-A sanity number for the docstring of :mod:`packed.model` (CE + SGD, float32); the benchmark of
-issue 9 item 6 (N sweep, image sizes, objectives, bf16, CUDA graphs, memory, TFLOP/s) is
+A sanity number for the docstring of :mod:`packed.model` (CE + SGD, float32); the full
+benchmark (N sweep, image sizes, objectives, bf16, CUDA graphs, memory, TFLOP/s) is
 ``scripts/bench_packed.py``, which builds its runs with :func:`build_runs`. Prints median
 milliseconds per step (all N runs), the two modes timed alternately so load drifts hit both.
 """

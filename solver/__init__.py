@@ -5,7 +5,8 @@
 :class:`LPSolution` whose ``z`` is differentiable w.r.t. ``c, A, b, A_eq, b_eq``;
 :class:`LPLayer` is the ``nn.Module`` form.  References: Mangasarian 2004, "A Newton method
 for linear programming", JOTA 121; Mangasarian 2006, "Exact 1-norm support vector machines
-via unconstrained convex differentiable minimization", JMLR 7; Meng et al. 2021 (seed 002).
+via unconstrained convex differentiable minimization", JMLR 7; Meng et al. 2021, "Differentiable
+optimization of generalized nondecomposable functions using linear programs", NeurIPS.
 """
 from solver.errors import (LPInputError, LPNotConvergedWarning, LPSolverError,
                            LPTimeLimitError, MPSFormatError)

@@ -7,7 +7,7 @@ Newton step asks "is any LP still active?", the recovery asks "did every LP pass
 asks "is the batch done?", and the finiteness check and the stats read tensors back.  On a GPU
 each question is a synchronisation and a launch gap, and a CUDA graph cannot contain one.
 
-This path runs the same algorithm (Mangasarian 2004, JOTA 121; seed 002 sec. 4) with every
+This path runs the same algorithm (Mangasarian 2004, JOTA 121; Meng et al. 2021, sec. 4) with every
 question answered on the device:
 
 * ``fixed_eps_stages`` eps stages of ``fixed_iters`` generalized-Newton steps each (options

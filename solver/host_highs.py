@@ -7,7 +7,7 @@ row counts (:func:`solver.linsolve.choose_method`), copies ``A`` back to a scipy
 HiGHS (:func:`solver.scipy_ops.host_matrix`), certifies HiGHS's vertex on the host
 (:func:`solver.square_active.recover`), and assembles the solution and its statistics from torch
 tensors.  On the LPs of ``scripts/time_sparse_lp.py`` (``n = 500``, HiGHS ~5 ms) that glue was
-~1.5 ms of what ``forward="highs"`` added to HiGHS's own time (issue 20 item 2).  :func:`solve`
+~1.5 ms of what ``forward="highs"`` added to HiGHS's own time.  :func:`solve`
 takes the same steps on the host arrays: the CSR arrays of the torch tensor go to HiGHS and
 to the certificate as they are (:func:`solver.highs.solve_host`,
 :func:`solver.square_active.certify` with :func:`solver.square_active.sparse_factor`), the

@@ -1,6 +1,6 @@
 r"""The two backward modes.
 
-``active_set`` (default; seed 002 sec. 4.2): on the final active set ``T`` (active rows of
+``active_set`` (default; Meng et al. 2021, sec. 4.2): on the final active set ``T`` (active rows of
 ``A z <= b``, all equality rows, active bounds ``z_j = 0``) the solution solves the normal
 equations :math:`F(z,\theta) = G_T^\top(G_T z - h_T) = 0`, i.e. :math:`z^* = \tilde A^{-1}\tilde b`
 for a square nonsingular active system, the least-squares solution for an over-determined
@@ -14,7 +14,7 @@ products; ``dz*/dc = 0`` (a vertex is locally constant in ``c``); the objective 
 ``c^T z*`` still has gradient ``z*`` w.r.t. ``c``.  Cost: one solve with ``K_T`` and one
 product with ``A``/``A^T``, independent of the number of Newton iterations.
 
-``unrolled``: the Newton iterations ran with autograd on (pattern held constant, seed 002
+``unrolled``: the Newton iterations ran with autograd on (pattern held constant, Meng et al. 2021,
 remark 3); the output keeps the exact value ``z*`` and takes the Jacobian of the final penalty
 iterate ``z_eps`` (straight-through), as in the paper's appendix A.4 comparison.
 """

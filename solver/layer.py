@@ -11,8 +11,8 @@ class LPLayer(torch.nn.Module):
     r"""Differentiable LP layer ``z*(c, A, b) = argmin c^T z s.t. A z <= b, A_eq z = b_eq, z >= 0``.
 
     Solved by Mangasarian's generalized Newton method on the exterior penalty (Mangasarian
-    2004, JOTA 121; 2006, JMLR 7; seed 002 sec. 4); gradients by implicit differentiation on
-    the final active set (``backward="active_set"``) or through the Newton iterations
+    2004, JOTA 121; 2006, JMLR 7; Meng et al. 2021, sec. 4); gradients by implicit differentiation
+    on the final active set (``backward="active_set"``) or through the Newton iterations
     (``backward="unrolled"``).  Options are those of :func:`solver.solve_lp`; ``forward``
     returns the :class:`solver.LPSolution` and keeps its ``stats`` in ``last_stats``.
 

@@ -1,8 +1,8 @@
 r"""The Newton system :math:`K = A^\top W_A A + W_z + A_{eq}^\top A_{eq} + \delta I`.
 
 ``W_A``/``W_z`` are the 0-1 diagonals of the generalized Hessian (Mangasarian 2004, JOTA 121,
-eq. (11); seed 002 eq. 5): the rows of ``A z <= b`` and of ``z >= 0`` that are violated at the
-current iterate.  The same matrix with the final active set (and ``delta = 0``) is the normal
+eq. (11); Meng et al. 2021, eq. 5): the rows of ``A z <= b`` and of ``z >= 0`` that are violated
+at the current iterate.  The same matrix with the final active set (and ``delta = 0``) is the normal
 matrix of the primal recovery and of the active-set backward, so one class serves all three.
 
 Solvers (``method``):

@@ -1,4 +1,5 @@
-r"""Generalized Newton method on the exterior penalty :math:`g_\varepsilon` (seed 002 eq. 3-5).
+r"""Generalized Newton method on the exterior penalty :math:`g_\varepsilon` (Meng et al. 2021,
+eq. 3-5).
 
 Iteration (Mangasarian 2004, "A Newton method for linear programming", JOTA 121, Algorithm 3.1;
 Mangasarian 2006, "Exact 1-norm SVMs via unconstrained convex differentiable minimization",
@@ -10,8 +11,8 @@ with the generalized Hessian :math:`\partial^2 g = A^\top W_A A + W_z + A_{eq}^\
 (0-1 diagonals of the violated rows).  ``step="armijo"`` backtracks :math:`\lambda = 1, 1/2,
 \dots` until :math:`g(z+\lambda d) \le g(z) + \sigma\lambda\nabla g^\top d` (the globally
 convergent choice of Mangasarian 2004, Thm. 3.2); ``step="fixed"`` uses the paper's constant
-:math:`\lambda` (seed 002 sec. 4.1).  The line search is cheap: along ``d`` the penalty is a 1-D
-piecewise quadratic that needs only ``A d`` (one product) and elementwise work per trial.
+:math:`\lambda` (Meng et al. 2021, sec. 4.1).  The line search is cheap: along ``d`` the penalty is
+a 1-D piecewise quadratic that needs only ``A d`` (one product) and elementwise work per trial.
 
 Stopping rule: the dual residual :math:`\|\nabla g\|_\infty / \varepsilon` -- the KKT
 stationarity residual of the recovered multipliers -- below ``tol`` (not a fixed iteration
@@ -20,7 +21,7 @@ decrease ``g`` (numerical convergence), or when ``|z|`` exceeds ``max_norm`` (di
 penalty is unbounded below, i.e. the LP is unbounded or infeasible).
 
 The 0-1 pattern is always detached: for ``backward="unrolled"`` autograd runs through the
-iterations with the step function held constant (seed 002 remark 3).
+iterations with the step function held constant (Meng et al. 2021, remark 3).
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Linear operators for the constraint matrix ``A`` (the protocol the Newton solver needs).
 
 The Newton system of the exterior penalty (Mangasarian 2004, "A Newton method for linear
-programming", JOTA 121; seed 002 eq. 3-5) only touches ``A`` through
+programming", JOTA 121; Meng et al. 2021, eq. 3-5) only touches ``A`` through
 
 * ``matvec(x)``  = ``A x``            ``[B, n] -> [B, m]``
 * ``rmatvec(y)`` = ``A^T y``          ``[B, m] -> [B, n]``

@@ -45,7 +45,7 @@ class SolverOptions:
                                     # None: 1e-10 (float64), 1e-6 (float32)
     # "exact": exact line search on the 1-D piecewise quadratic (cheap: one product A d, then
     # elementwise work); "armijo": backtracking (Mangasarian 2004's globally convergent rule);
-    # "fixed": the paper's constant step lambda = step_size (seed 002 sec. 4.1); "auto":
+    # "fixed": the paper's constant step lambda = step_size (Meng et al. 2021, sec. 4.1); "auto":
     # fixed full steps for separable problems (one line-search step for millions of
     # independent coordinates would slow them all down), exact otherwise
     step: str = "auto"
@@ -62,7 +62,7 @@ class SolverOptions:
     # recovery, never a wrong answer; a guess with a NaN or infinite entry is skipped.
     # Ignored by backward="unrolled" and forward="highs".
     vertex_guess: Any = None
-    sketch: str | None = None       # None | "gaussian" | "sampling" (seed 002 eq. 6-7)
+    sketch: str | None = None       # None | "gaussian" | "sampling" (Meng et al. 2021, eq. 6-7)
     sketch_size: int | None = None  # k rows of the sketch; None: 4 n
     sketch_seed: int = 0
     on_fail: str = "raise"          # not converged: "raise" | "warn" (infeasible/unbounded

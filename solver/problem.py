@@ -1,12 +1,12 @@
 r"""The batched LP, validated and flattened, with its exterior-penalty pieces.
 
-LP (our form; seed 002 section 3.1):
+LP (our form; Meng et al. 2021, section 3.1):
 
 .. math::  \min_z c^\top z \quad\text{s.t.}\quad Az \le b,\; A_{eq} z = b_{eq},\; z \ge 0 .
 
 Write every constraint as a row of :math:`G z \le h` with :math:`G = [A; -I]` and
-:math:`h = [b; 0]` (equalities kept apart).  The exterior penalty (seed 002 eq. 3; Mangasarian
-2004, JOTA 121, eq. (4)) is
+:math:`h = [b; 0]` (equalities kept apart).  The exterior penalty (Meng et al. 2021, eq. 3;
+Mangasarian 2004, JOTA 121, eq. (4)) is
 
 .. math::  g_\varepsilon(z) = \varepsilon\,\hat c^\top z + \tfrac12\|(Az-b)_+\|^2
            + \tfrac12\|(-z)_+\|^2 + \tfrac12\|A_{eq}z-b_{eq}\|^2 ,

@@ -3,7 +3,7 @@ r"""Multipliers by thresholding, primal vertex by one linear solve, KKT check.
 At the penalty minimiser :math:`z_\varepsilon` the scaled residuals
 :math:`u = \|c\|_\infty (\text{residual})_+/\varepsilon` are dual feasible and, for
 :math:`\varepsilon \le \bar\varepsilon`, the least 2-norm dual solution (Mangasarian 2004, JOTA
-121, Thm. 2.1; seed 002 sec. 4.2).  Complementary slackness then says every primal solution
+121, Thm. 2.1; Meng et al. 2021, sec. 4.2).  Complementary slackness then says every primal solution
 satisfies the rows with :math:`u_i > 0` with equality.  Rows that are (nearly) tight at
 :math:`z_\varepsilon` -- residual above :math:`-\kappa`, :math:`\kappa =` ``active_tol`` ``*
 eps * max(1, |u|_inf)`` -- form the active set ``T``; it contains every row with a positive

@@ -1,4 +1,5 @@
-r"""Sketched Newton directions (seed 002 sec. 4.1, eq. 6-7; "sufficient dimension reduction").
+r"""Sketched Newton directions (Meng et al. 2021, sec. 4.1, eq. 6-7; "sufficient dimension
+reduction").
 
 The gradient stays exact; only the Hessian's big term is replaced by a sketch,
 :math:`A^\top W_A A \approx (S W_A^{1/2} A)^\top (S W_A^{1/2} A)` with a fresh

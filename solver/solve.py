@@ -1,7 +1,7 @@
 r"""``solve_lp``: Mangasarian's exterior-penalty Newton method with the eps rule, differentiable.
 
-Algorithm (seed 002 sec. 4; Mangasarian 2004, "A Newton method for linear programming", JOTA
-121; Mangasarian 2006, "Exact 1-norm SVMs via unconstrained convex differentiable
+Algorithm (Meng et al. 2021, sec. 4; Mangasarian 2004, "A Newton method for linear programming",
+JOTA 121; Mangasarian 2006, "Exact 1-norm SVMs via unconstrained convex differentiable
 minimization", JMLR 7):
 
 0. with ``vertex_guess`` (a caller's closed-form vertex): certify it by one active-set solve and

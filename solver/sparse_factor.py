@@ -21,7 +21,7 @@ exactly 0 on the null space (a plain ridge would return ``r_null / rho`` there) 
 sparse counterpart of the Cholesky path's truncated eigendecomposition (which drops
 eigenvalues below ``10 n eps64 max``); ``fallbacks`` counts the LPs that needed it.
 
-Dense rows (issue 20 item 2): one row touching most variables (a budget row ``1^T z <= s`` of
+Dense rows: one row touching most variables (a budget row ``1^T z <= s`` of
 ``A``, a simplex row ``1^T z = 1`` of ``A_eq``) alone makes ``K`` dense.  The rows of ``A`` and
 ``A_eq`` that :func:`solver.scipy_ops.dense_rows` names (at most ``MAX_DENSE_ROWS`` each, and
 only while ``n`` is small enough for the dense minimum-norm solve below) are left out of the

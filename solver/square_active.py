@@ -16,8 +16,8 @@ Why a separate path: the torch recovery (:mod:`solver.recover`) forms or factori
 through :class:`solver.linsolve.NewtonSystem`, solves with it five times and recomputes
 residuals around each solve, every step a few torch dispatches.  On a small LP those
 dispatches were most of the time (the ratio LPs of :mod:`objectives.ratio`, ``n = batch + 1``,
-e.g. 65: issue 20 item 4); behind HiGHS (``forward="highs"``, :mod:`solver.highs`) they were
-most of what the exact forward added to HiGHS's own time (issue 20 item 2).  Here ``M`` is
+e.g. 65); behind HiGHS (``forward="highs"``, :mod:`solver.highs`) they were
+most of what the exact forward added to HiGHS's own time.  Here ``M`` is
 gathered from the host copy of the data and factorised once per LP:
 
 * ``kind="dense"`` (a dense ``A`` / ``A_eq``, ``n <= DENSE_LU_MAX_N``): LAPACK ``getrf``

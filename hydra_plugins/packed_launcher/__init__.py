@@ -1,1 +1,1 @@
-"""``hydra/launcher=packed``: the jobs of a multirun trained in one process as packs (issue 9)."""
+"""``hydra/launcher=packed``: the jobs of a multirun trained in one process as packs."""
