@@ -1,6 +1,6 @@
 """Packed ResNet-18 training steps against N: ms/step, TFLOP/s, memory, and the paper tables' wall time.
 
-Issue 9 item 6. For every pack size N, image size (32 px: CIFAR-10/100; 50 px: Cat&Dog), objective
+For every pack size N, image size (32 px: CIFAR-10/100; 50 px: Cat&Dog), objective
 (``ce``, ``auc_lp``) and precision (fp32, bf16 autocast), one fresh subprocess builds N runs of
 ``configs/model/resnet18.yaml`` (batch 64, SGD as ``optimizer=sgd``) twice -- as one pack
 (:class:`packed.PackedStep`) and as N separate models stepped in turn -- and times both

@@ -1,15 +1,17 @@
-r"""Solver benchmark (Meng et al. 2021, fig. 3; seed 002 §4-5): our LP layer against cvxpylayers,
+r"""Solver benchmark (Meng et al. 2021, fig. 3; §4-5): our LP layer against cvxpylayers,
 HiGHS, the paper's dense recipe and the closed form, all methods in one run.
 
-(a) binary-AUC LP (seed 002 eq. 1, built by :func:`objectives.pairwise.ramp_lp`, ``A = -I`` as a
-    ``DiagonalOperator``): :math:`\min 1^\top z` s.t. :math:`-z \le d - \epsilon,\ z \ge 0`,
-    :math:`d_{ij} = s_i - s_j` over (positive, negative) pairs, batch 32 ... 4096, balanced and
-    91 % positives; time = forward + backward of ``sum(z * w)`` (random ``w``) w.r.t. the scores.
-    The same LP through the general paths (issue 11): ``A = -I`` as a ``torch.sparse`` CSR
-    tensor (``ours_csr``) and dense (``ours_dense``), ``solver.solve_lp`` with default options.
-(b) F1 LP (seed 001 §2.4, built by :class:`objectives.ratio.F1LPLoss`): ``F1LPLoss()(logits,
-    labels).backward()`` at n = 32 ... 1024, against HiGHS (forward) and cvxpylayers (fwd+bwd).
-(c) random sparse LPs with equalities (issue 11; ``bench_solver_measure.random_sparse_lp``),
+(a) binary-AUC LP (Meng et al. 2021, eq. 1, built by :func:`objectives.pairwise.ramp_lp`,
+    ``A = -I`` as a ``DiagonalOperator``): :math:`\min 1^\top z` s.t.
+    :math:`-z \le d - \epsilon,\ z \ge 0`, :math:`d_{ij} = s_i - s_j` over (positive, negative)
+    pairs, batch 32 ... 4096, balanced and 91 % positives; time = forward + backward of
+    ``sum(z * w)`` (random ``w``) w.r.t. the scores.  The same LP through the general paths:
+    ``A = -I`` as a ``torch.sparse`` CSR tensor (``ours_csr``) and dense (``ours_dense``),
+    ``solver.solve_lp`` with default options.
+(b) F1 LP (Meng et al., ICLR 2021 version, §2.4, built by :class:`objectives.ratio.F1LPLoss`):
+    ``F1LPLoss()(logits, labels).backward()`` at n = 32 ... 1024, against HiGHS (forward) and
+    cvxpylayers (fwd+bwd).
+(c) random sparse LPs with equalities (``bench_solver_measure.random_sparse_lp``),
     n = 500 ... 20,000, float64: ``solve_lp`` (Newton forward; ``forward="highs"``) fwd+bwd of
     ``sum(z * w)`` w.r.t. ``b`` against HiGHS's forward.
 

@@ -18,7 +18,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-EPS = 0.01                  # ramp width: the paper's epsilon (seed 002 §5)
+EPS = 0.01                  # ramp width: the paper's epsilon (Meng et al. 2021 §5)
 POSITIVES = {"balanced": 0.5, "91%": 0.91}
 AUC_METHODS = ["ours", "ours_csr", "ours_dense", "cvxpylayers", "highs", "dense_paper",
                "closed_form"]
@@ -47,7 +47,7 @@ def f1_instance(n, dtype, device, seed=0):
 
 
 def random_sparse_lp(n, seed=0):
-    """Random sparse LP (issue 11), feasible and bounded by construction, numpy/scipy float64:
+    """Random sparse LP, feasible and bounded by construction, numpy/scipy float64:
     ``n // 2 + 1`` random rows (density 5e-3 at n <= 500, else 1e-3: ~1-20 entries a row)
     ``A0 z <= A0 z0 + u``, the box ``z <= 3`` and ``max(1, n // 50)`` equality rows
     ``A_eq z = A_eq z0`` at a point ``z0 ~ U(0, 1)^n``; ``c`` standard normal.
@@ -138,7 +138,7 @@ def make_auc_call(method, batch, positives, dtype, device, seed=0):
         from baselines.cvxpy_lp import CvxpyLP
         layer = CvxpyLP(solver="SCS", n_jobs=1)
 
-    if method in ("ours_csr", "ours_dense"):     # the general paths on the same LP (issue 11)
+    if method in ("ours_csr", "ours_dense"):     # the general paths on the same LP
         import scipy.sparse as sp
         from solver import solve_lp
         M = w.numel()

@@ -35,8 +35,7 @@ from solver import LPSolverError, solve_lp
 from solver.mps import read_mps, to_standard_form
 
 ACCURACY = 1e-6
-# the default; Newton alone (what "auto" starts with); Newton without equilibration (the
-# forward before issue 20)
+# the default; Newton alone (what "auto" starts with); Newton without equilibration
 CONFIGS = {"auto": {}, "newton": {"forward": "newton"},
            "newton_unscaled": {"forward": "newton", "equilibrate": 0}}
 DENSE_MAX = 1_000_000              # A with more entries than this goes in as torch.sparse

@@ -133,7 +133,8 @@ def targets(R, dtype):
 
 
 def issue11_targets(R):
-    """Issue 11's targets (structured-path rows compare with its baseline 1.74 s / 464 MiB)."""
+    """The benchmark's targets (structured-path rows compare with the earlier baseline,
+    1.74 s / 464 MiB)."""
     rows = []
     g = lambda *k: R.get(k, {}).get("median_ms")                      # noqa: E731
     csr, cvx = g("auc", "balanced", 64, "ours_csr"), g("auc", "balanced", 64, "cvxpylayers")
@@ -171,8 +172,8 @@ def issue11_targets(R):
 def write_report(R, meta, out: Path, stem: str):
     out.mkdir(parents=True, exist_ok=True)
     dt = meta["dtype"]
-    L = ["# Solver benchmark: AUC LP, F1 LP, random sparse LPs (Meng et al. 2021, fig. 3; "
-         "issue 11)", "",
+    L = ["# Solver benchmark: AUC LP, F1 LP, random sparse LPs (Meng et al. 2021, fig. 3)",
+         "",
          f"Command: `{meta['command']}`  ", f"Date: {meta['date']}  ",
          f"Machine: {meta['cpu']}, {meta['cores']} logical cores, torch threads "
          f"{meta['threads']} (OMP_NUM_THREADS={meta['omp']}); shared machine, load average "
@@ -186,7 +187,7 @@ def write_report(R, meta, out: Path, stem: str):
          "high-water mark of the call after the warm-up above the RSS before it (glibc set to "
          "mmap blocks > 128 KiB, so memory freed by the warm-up has left the process; on CUDA "
          "`max_memory_allocated`). Objective error = |v - v_HiGHS| / |v_HiGHS| on the same "
-         "rounded data.", "", "## Issue 11 targets", "",
+         "rounded data.", "", "## Targets", "",
          "| target | measured | met |", "|---|---|---|"]
     L += [f"| {a} | {b} | {'yes' if c else '**no**'} |" for a, b, c in issue11_targets(R)]
     L += ["", "## Earlier targets", "", "| target | measured | met |", "|---|---|---|"]
@@ -219,7 +220,8 @@ def write_report(R, meta, out: Path, stem: str):
             e = [fmt_err(rel_err(R.get(("auc", pos, b, m), {}), a, dt))
                  for m in ("cvxpylayers", "dense_paper", "closed_form")]
             L.append(f"| {pos} | {b} | " + " | ".join(o + e) + " |")
-    L += ["", "## (b) F1 LP (seed 001 §2.4; n samples -> n + 1 variables)", "",
+    L += ["", "## (b) F1 LP (Meng et al., ICLR 2021 version, §2.4; n samples -> n + 1 "
+          "variables)", "",
           "| n | ours fwd+bwd ms | HiGHS fwd ms | cvxpylayers fwd+bwd ms | HiGHS / ours | "
           "ours MiB | HiGHS MiB | cvxpylayers MiB | err ours f64 | err ours f32 | "
           "err cvxpylayers |", "|---:|" + "---:|" * 10]

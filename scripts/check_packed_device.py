@@ -1,4 +1,4 @@
-"""Packing checks that only a GPU can answer (issue 9 items 2 and 4), as one JSON report.
+"""Packing checks that only a GPU can answer, as one JSON report.
 
     python scripts/check_packed_device.py --device cuda --out OUT/check_packed_cuda.json
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The campaign's one device command (issue 17): the next queued runs of the paper's tables that
+# The campaign's one device command: the next queued runs of the paper's tables that
 # fit this command, trained to their full 40k steps as packs; metrics only. See scripts/campaign.py.
 #
 #   (here, before: python provenance.py stamp -- carry .code_version.json, .whl and the data pack)

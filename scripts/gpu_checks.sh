@@ -2,7 +2,7 @@
 # Checks for a CUDA machine (the device tool lends one to some sessions for ~15 minutes), in
 # sections sized for one call each:
 #   cuda_tests  the tests CPU-only machines skip for want of CUDA (node ids below)
-#   f1_sweep1   Cat&Dog f1_lp variants, 2,000 steps each, side by side on the one GPU (issue 4)
+#   f1_sweep1   Cat&Dog f1_lp variants, 2,000 steps each, side by side on the one GPU
 #   f1_sweep2   the margin and CE-initialised f1_lp variants that sweep1's results called for
 #   step_time   median training-step times on the GPU (scripts/bench_step_time.py)
 #   solver      the solver benchmark's small sizes on the GPU (scripts/bench_solver.py --quick)

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Issue 9 on one lent GPU slot, as one device command (stops itself before 9.5 minutes):
+# The packing checks and benchmark on one lent GPU slot, as one device command (stops itself
+# before 9.5 minutes):
 #   1. scripts/check_packed_device.py: NaN isolation, sync-free = eager, packed vs separate, CUDA graph
 #   2. scripts/bench_packed.py at 32 px: ce / auc_lp x fp32 / bf16 x N = 8 24 48 (eager, sync-free,
 #      separate, graph), then a profile of one sync-free packed step (N = 24, ce) into the log

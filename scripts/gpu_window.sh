@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One lent GPU window, campaign first (issue 17; issue 20 item 5 after it), as one device command
+# One lent GPU window, campaign first, then the LP timings, as one device command
 # of at most ~580 s with the defaults (run it with timeout_s=600). In order:
 #   1. python -m packed.check_graph: each Table-1 objective's pack step as a real CUDA graph
 #      against the same step eagerly (ResNet-18, pack of 4, 8 steps)  -> check_graph.json

@@ -7,11 +7,12 @@
     python scripts/make_tables.py results/paper_tables --table binary --select best-val   # + "pending" cells
     python scripts/make_tables.py results/paper_tables --table binary --bn train   # the authors' BN evaluation
 
-Tables: binary (test_auc, seed 002 Table 1), multiclass / multiclass_mu (test_auc_ova /
-test_auc_mu, Table 2), f1 / accuracy (test_f1 / test_acc, seed 002 §5, seed 001 Table 4):
-rows are objectives, columns dataset x imbalance level (neg_keep, or drop_rate for the 3-group
-task). eps (test_auc, seed 001 Table 2): rows objective x dataset x neg_keep, columns
-objective.epsilon. The paper's number (scripts/paper_numbers.py) is printed beside ours.
+Tables: binary (test_auc, Meng et al. 2021, Table 1), multiclass / multiclass_mu (test_auc_ova /
+test_auc_mu, Table 2), f1 / accuracy (test_f1 / test_acc, Meng et al. 2021 §5; Meng et al.,
+ICLR 2021 version, Table 4): rows are objectives, columns dataset x imbalance level (neg_keep, or
+drop_rate for the 3-group task). eps (test_auc, Meng et al., ICLR 2021 version, Table 2): rows
+objective x dataset x neg_keep, columns objective.epsilon. The paper's number
+(scripts/paper_numbers.py) is printed beside ours.
 
 Rules
 1. A cell is the set of runs whose resolved configs agree on every key except ``seed`` and the

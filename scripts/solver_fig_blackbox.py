@@ -1,4 +1,4 @@
-r"""Fig. 3b of Meng et al. 2021 (seed 002 §5, "Comparing with blackbox solvers"): forward and
+r"""Fig. 3b of Meng et al. 2021 (§5, "Comparing with blackbox solvers"): forward and
 backward time of our LP layer against the blackbox-solver differentiation of Pogančić et al.
 (ICLR 2020; :class:`baselines.blackbox.BlackboxLP`: HiGHS forward, one more HiGHS solve at the
 perturbed cost :math:`c + \lambda\,\partial L/\partial z` backward), on a batch of AUC LPs.

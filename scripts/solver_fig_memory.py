@@ -1,7 +1,7 @@
 r"""Memory of a ResNet-18 training step with the AUC LP against the batch size: the constraint
 matrix :math:`A = -I` structured (``DiagonalOperator``, what ``auc_lp`` uses) against dense
-(seed 002 §5, "Dealing with large scale LPs": batch 200 in 1 GB with the sparse LP, 11 GB dense,
-on a 2080 Ti).
+(Meng et al. 2021 §5, "Dealing with large scale LPs": batch 200 in 1 GB with the sparse LP,
+11 GB dense, on a 2080 Ti).
 
 One step = ``model(x)`` -> :class:`objectives.auc.AUCLoss` -> ``backward`` -> SGD ``step``, on
 random 3x32x32 images (CIFAR's shape) with 91 % positives (the LP-vs-CE study's split), the

@@ -1,4 +1,4 @@
-r"""Fig. 3c of Meng et al. 2021 (seed 002 §4.1 eq. 6-7, "sufficient dimension reduction"):
+r"""Fig. 3c of Meng et al. 2021 (§4.1 eq. 6-7, "sufficient dimension reduction"):
 objective and gradient error of the sketched Newton solver against the reduced size ``k``.
 
 The sketch is the solver's own (:mod:`solver.sketch`, ``solve_lp(..., sketch=kind,

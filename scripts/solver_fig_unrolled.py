@@ -1,6 +1,6 @@
-r"""Appendix A.4 of Meng et al. (seed 001): cosine between the active-set gradient (ours, the
-default backward: :math:`z^* = \tilde A^{-1}\tilde b` differentiated on the final active set) and
-the unrolled gradient (autograd through the Newton iterations, ``backward="unrolled"``), w.r.t.
+r"""Appendix A.4 of Meng et al. (ICLR 2021 version): cosine between the active-set gradient (ours,
+the default backward: :math:`z^* = \tilde A^{-1}\tilde b` differentiated on the final active set)
+and the unrolled gradient (autograd through the Newton iterations, ``backward="unrolled"``), w.r.t.
 the network's scores, on minibatches of a trained network's outputs.  The paper: F-score LP,
 100 random batches, mean cosine 0.9991.
 

@@ -1,4 +1,4 @@
-"""Song et al. 2016's synthetic experiments (seed 003 §4.1 Fig. 3, App. 5.3 Figs. 4-5): nine
+"""Song et al. 2016's synthetic experiments (§4.1 Fig. 3, App. 5.3 Figs. 4-5): nine
 methods, test AP and accuracy against iterations, step size by grid search on *training* AP.
 
     python scripts/song_synthetic.py --figure-steps fig4=300,10 fig5=300,10   # results/song_synthetic/

@@ -1,5 +1,5 @@
 """Where ``forward="highs"``'s time beyond HiGHS goes, on the LPs of ``scripts/time_sparse_lp.py``
-(issue 20 item 2; ``results/solver/README.md`` §8).
+(``results/solver/README.md`` §8).
 
 Two measurements, one process, float64, one CPU thread:
 

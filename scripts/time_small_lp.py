@@ -1,4 +1,4 @@
-"""Side-by-side timing of the small coupled LPs (issue 11, item 4): F1, F-beta, Jaccard and
+"""Side-by-side timing of the small coupled LPs: F1, F-beta, Jaccard and
 P@R losses at n = 64, forward + backward through ``solver.solve_lp``, float64, one CPU thread,
 against HiGHS's forward alone (``scipy.optimize.linprog(method="highs")``) on the same LP.
 
@@ -10,7 +10,7 @@ process), best round of each, and the ratio baseline / here is printed.  Run:
     git worktree add --detach /tmp/base HEAD~1
     OMP_NUM_THREADS=1 python scripts/time_small_lp.py --baseline /tmp/base [--rounds 5]
 
-With ``--cvxpy`` (issue 20, item 4) it times the F1 loss against its cvxpylayers twin
+With ``--cvxpy`` it times the F1 loss against its cvxpylayers twin
 (:class:`baselines.cvxpy_lp.F1CvxpyLoss`, SCS, one job) instead: one process, the same batches,
 ours and cvxpylayers alternately in every round, and prints each round's ratio and their median:
 

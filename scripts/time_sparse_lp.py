@@ -1,4 +1,4 @@
-"""Side-by-side timing of the sparse Newton system (issue 11, item 1) on two of its LPs.
+"""Side-by-side timing of the sparse Newton system on two of its LPs.
 
 * ``auc``: the binary-AUC LP at 1,024 pairs, ``min 1^T z s.t. -z <= d - eps, z >= 0`` with
   ``A = -I`` given as a ``torch.sparse`` CSR tensor (not the ``DiagonalOperator`` ``auc_lp``
@@ -10,7 +10,7 @@
   ``results/solver/solver_bench.md`` (``bench_solver_measure.random_sparse_lp``).
 
 * ``ones``: the ``sparse`` LP with its last random row replaced by a ones-row (budget
-  ``1^T z <= s``; issue 20's instance, ``m = 1,001``): ``A^T W A`` is dense, so the active-set
+  ``1^T z <= s``; ``m = 1,001``): ``A^T W A`` is dense, so the active-set
   recovery factorises the active rows by a sparse LU (``solver/active_lu.py`` for Newton;
   ``solver/square_active.py`` for HiGHS's vertex).
 
@@ -66,7 +66,7 @@ def auc_lp(pairs=1024, eps=0.01, seed=0):
 
 def random_sparse_lp(n=500, m0=501, density=5e-3, seed=0, ones_row=False):
     """``ones_row``: the last of the ``m0`` random rows is replaced by the budget row
-    ``1^T z <= 1^T z0 + slack`` (issue 20's instance: it makes ``A^T W A`` dense)."""
+    ``1^T z <= 1^T z0 + slack`` (it makes ``A^T W A`` dense)."""
     g = np.random.default_rng(seed)
     A0 = sp.random(m0 - ones_row, n, density=density, random_state=g,
                    data_rvs=g.standard_normal, format="csr")
@@ -80,7 +80,7 @@ def random_sparse_lp(n=500, m0=501, density=5e-3, seed=0, ones_row=False):
 
 def bench_family(n):
     """``scripts/bench_solver_measure.random_sparse_lp(n)``: the random sparse LPs with
-    equality rows of ``results/solver/solver_bench.md`` (issue 11)."""
+    equality rows of ``results/solver/solver_bench.md``."""
     from bench_solver_measure import random_sparse_lp as family
     return family(n)
 
@@ -153,10 +153,10 @@ def main():
                     help="linear_solver settings to time (cholesky: what auto picked before "
                          "the sparse factorisation; auto: what it picks now)")
     ap.add_argument("--cases", default="auc,sparse",
-                    help="auc, sparse, ones (the sparse LP with a ones-row, issue 20)")
+                    help="auc, sparse, ones (the sparse LP with a ones-row)")
     ap.add_argument("--eps-warmup", default="",
                     help="comma list of eps_warmup values, each timed with linear_solver=auto "
-                         "(0: no warm-up, the eps loop before issue 11 item 2)")
+                         "(0: no warm-up)")
     ap.add_argument("--highs-forward", action="store_true",
                     help="also time forward='highs' (fwd+bwd)")
     ap.add_argument("--without-lu", action="store_true",
@@ -207,7 +207,7 @@ def main():
         if args.without_lu:
             variants.append(("forward=highs, no LU", dict(forward="highs")))
         for label, kw in variants:
-            # "no LU": the recovery's least-squares path (normal equations), as before issue 20
+            # "no LU": the recovery's least-squares path (normal equations)
             # (neither the host LU of solver.square_active nor the torch path's sparse LU)
             no_lu = label.endswith("no LU")
             active_lu.ACTIVE_LU_MIN_N = 10 ** 9 if no_lu else LU_MIN_N
