@@ -1,4 +1,4 @@
-"""``objective.pair_layout=dense`` for the binary AUC LP (issue 9 item 4): all B x B pairs with
+"""``objective.pair_layout=dense`` for the binary AUC LP: all B x B pairs with
 zero weight off the (positive, negative) ones, a fixed shape, no host sync.
 
 Against the default masked layout (the oracle here is the masked layout, itself tested against

@@ -1,4 +1,4 @@
-"""``experiment=authors_protocol``: the authors' public code as one config (issue 18 item 2).
+"""``experiment=authors_protocol``: the authors' public code as one config.
 
 Each setting is tested on its own (stage schedule, authors' split, per-image standardisation),
 then the whole config trains through ``train.py``: on digits always (no packs needed), and on

@@ -259,8 +259,8 @@ def test_bilevel_from_scratch_reduces_one_minus_auc(beta_scores):
 @pytest.mark.parametrize("target,bayes", [
     ("mcr", 0.132),
     pytest.param("f1", 0.13, marks=pytest.mark.xfail(strict=False, reason=(
-        "1 - F1 ends at 0.33 (all positive) for seeds 0-2, with the code before issue 19 "
-        "(3568d1b) too, and with model lr 1e-3: the 0.13-0.16 once measured no longer "
+        "1 - F1 ends at 0.33 (all positive) for seeds 0-2, with the code at 3568d1b "
+        "too, and with model lr 1e-3: the 0.13-0.16 once measured no longer "
         "reproduces; cause not found"))),
 ])
 def test_refined_surrogate_on_thresholded_losses(target, bayes):

@@ -1,4 +1,4 @@
-"""scripts/campaign.py (issue 17 item 1): the device command end to end on the CPU (digits, a few
+"""scripts/campaign.py: the device command end to end on the CPU (digits, a few
 steps) folds back into run folders equal to train.py's; folding is idempotent and refuses another
 queue version or protocol; plan reports what it skips; make_tables renders "pending"."""
 from __future__ import annotations

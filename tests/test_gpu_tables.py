@@ -1,4 +1,4 @@
-"""scripts/gpu_tables.{sh,py} (issue 9 item 7): the GPU-slot script, end to end on the CPU with a
+"""scripts/gpu_tables.{sh,py}: the GPU-slot script, end to end on the CPU with a
 few steps on digits, and its planner against hand-computed budgets."""
 from __future__ import annotations
 

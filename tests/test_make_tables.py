@@ -235,7 +235,8 @@ def test_paper_numbers_are_complete_and_consistent():
     assert PAPER["multiclass_mu"][("stl10", 0.9)] == {"ce": 68.9, "auc_ova_lp": 76.1, "auc_mu_lp": 76.1}
     assert PAPER["f1"][("cifar10", 1.0)] == {"ce": 70.3, "f1_cvxpy": 66.6, "f1_apperf": 66.7, "f1_lp_paper": 72.6}
     assert PAPER["accuracy"][("catdog", 1.0)] == {"ce": 76.0, "f1_lp_paper": 77.8, "f1_cvxpy": 70.1}
-    # seed 001: the ablation's epsilon = 0.01 row is Table 1's "Ours" on Cat&Dog
+    # Meng et al., ICLR 2021 version: the ablation's epsilon = 0.01 row is Table 1's "Ours" on
+    # Cat&Dog
     for level in (0.1, 0.2, 0.4, 1.0):
         assert PAPER["eps"][("catdog", level, 0.01)]["auc_lp"] == PAPER["binary"][("catdog", level)]["auc_lp"]
 

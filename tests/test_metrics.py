@@ -86,7 +86,7 @@ def test_binary_metrics_match_sklearn(seed, ties):
     assert metrics.accuracy(y, pred) == pytest.approx(accuracy_score(y, pred), abs=1e-12)
 
 
-# MCC, Jaccard, misclassification rate and EER (Grabocka et al. 2019, seed 004 §4.1)
+# MCC, Jaccard, misclassification rate and EER (Grabocka et al. 2019, §4.1)
 @pytest.mark.parametrize("seed", range(50))
 def test_paper_metrics_match_sklearn_and_brute_force(seed):
     rng = np.random.default_rng(seed)

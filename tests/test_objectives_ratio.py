@@ -132,7 +132,8 @@ def test_solver_loss_and_gradient_match_closed_form(name):
 
 
 def f1_backward_cosines(num_batches: int, n: int = 64, seed0: int = 0) -> list[float]:
-    """Cosine between active-set and unrolled gradients of the F1 LP w.r.t. phi (seed 001 A.4)."""
+    """Cosine between active-set and unrolled gradients of the F1 LP w.r.t. phi (Meng et al.,
+    ICLR 2021 version, A.4)."""
     loss_fn = F1LPLoss()
     cosines = []
     for seed in range(seed0, seed0 + num_batches):

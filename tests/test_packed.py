@@ -1,4 +1,4 @@
-"""Packed runs (issue 9, items 2 and 5): one packed step equals N separate train.py steps.
+"""Packed runs: one packed step equals N separate train.py steps.
 
 float64 on the CPU: logits, losses, gradients (model and objective parameters), BatchNorm
 running statistics and updated parameters agree to 1e-10 (relative to max(1, |value|)) over a

@@ -1,4 +1,4 @@
-"""A pack step the device runs alone (issue 17 item 2), checked on the CPU in float64.
+"""A pack step the device runs alone, checked on the CPU in float64.
 
 What a CUDA graph does to a step, the stand-in :class:`Replay` does here: a replay repeats the
 step's tensor work and none of its Python (its counters, lists, attribute assignments are put back

@@ -1,4 +1,4 @@
-"""``packed.graph.GraphedStep`` (issue 9 item 4): its bookkeeping around a captured step, on the CPU.
+"""``packed.graph.GraphedStep``: its bookkeeping around a captured step, on the CPU.
 
 A CUDA graph cannot be built here, so a stand-in replays the captured function by calling it. What
 is tested is everything the GraphedStep itself decides, with the eager sync-free step as the

@@ -1,4 +1,4 @@
-"""``hydra/launcher=packed`` (issue 9 items 1 and 5): a packed multirun writes one complete run folder
+"""``hydra/launcher=packed``: a packed multirun writes one complete run folder
 per job whose first-step training loss is the one ``train.py`` logs for the same overrides;
 incompatible jobs split into packs with a message; a diverging run is recorded, the others go on.
 

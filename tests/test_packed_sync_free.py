@@ -1,4 +1,4 @@
-"""The sync-free packed step (issue 9 item 4): the eager step's numbers without a host sync.
+"""The sync-free packed step: the eager step's numbers without a host sync.
 
 float64 on the CPU: the sync-free step gives the eager step's losses, logits, gradients,
 parameters, BatchNorm statistics and objective diagnostics bit for bit over a pack that mixes

@@ -1,4 +1,4 @@
-"""``trainer.precision`` (bf16 autocast of the model) and ``trainer.checkpoints`` (issue 9).
+"""``trainer.precision`` (bf16 autocast of the model) and ``trainer.checkpoints``.
 
 bf16 must really change the computation (its losses differ from fp32 by bf16 rounding, not by
 more), leave the objective float32, and pack (a packed bf16 run matches its ``train.py`` twin to

@@ -1,4 +1,4 @@
-"""The protocol as the seeds state it: the synthetic student, and checkpoints that scripts read."""
+"""The protocol as the papers state it: the synthetic student, and checkpoints that scripts read."""
 from __future__ import annotations
 
 import importlib.util

@@ -1,4 +1,4 @@
-"""Every run's results.json names its code version and machine (issue 18, :mod:`provenance`)."""
+"""Every run's results.json names its code version and machine (:mod:`provenance`)."""
 from __future__ import annotations
 
 import json

@@ -1,5 +1,5 @@
 """``forward="highs"`` calls HiGHS through scipy's bindings, not ``linprog``'s wrapper
-(:func:`solver.highs._highs_direct`, issue 20 item 2): same options, so the same vertex, duals,
+(:func:`solver.highs._highs_direct`): same options, so the same vertex, duals,
 iteration count and status as ``scipy.optimize.linprog(method="highs")`` -- the oracle here --
 on random sparse and dense LPs with and without equalities, and on infeasible and unbounded
 ones."""

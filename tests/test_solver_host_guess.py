@@ -1,5 +1,5 @@
-"""The host route for one small dense CPU LP with a ``vertex_guess`` (:mod:`solver.host_guess`,
-issue 20 item 4) gives what the general route gives: every field of the
+"""The host route for one small dense CPU LP with a ``vertex_guess`` (:mod:`solver.host_guess`)
+gives what the general route gives: every field of the
 :class:`solver.LPSolution`, its statistics (but the time) and per-LP statistics, and every
 gradient, bit for bit, on planted LPs and on the ratio losses' LPs; it is taken where it
 should be (the general route's problem builder is never called) and left where it should be

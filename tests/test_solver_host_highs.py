@@ -1,5 +1,5 @@
-"""The host route for one sparse CPU LP with ``forward="highs"`` (:mod:`solver.host_highs`,
-issue 20 item 2) gives what the general route gives: every field of the
+"""The host route for one sparse CPU LP with ``forward="highs"`` (:mod:`solver.host_highs`)
+gives what the general route gives: every field of the
 :class:`solver.LPSolution`, its statistics (but the time) and per-LP statistics, and every
 gradient, bit for bit; it is taken where it should be (the general route's problem builder is
 never called), left where it should be, hands a vertex that does not certify to the general

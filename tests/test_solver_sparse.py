@@ -169,8 +169,9 @@ def test_dense_rows_enter_as_a_low_rank_update(seed, equality):
 
 
 def test_auto_picks_sparse_with_a_budget_row():
-    """Issue 20's instance in small: a budget row no longer sends Newton to the dense Cholesky
-    path; the vertex, the value and the gradient are the dense path's (and HiGHS's)."""
+    """A budget row (the ``ones`` LP of ``scripts/time_sparse_lp.py``, in small) does not send
+    Newton to the dense Cholesky path; the vertex, the value and the gradient are the dense path's
+    (and HiGHS's)."""
     rng = np.random.default_rng(1)
     c, A, b = _budget_lp(rng, 260, 261, dense_rows=2)
     lp = dict(c=c, A=A.toarray(), b=b, A_eq=None, b_eq=None)

@@ -1,4 +1,4 @@
-"""Sparse active-set recovery (issue 20 item 2, :mod:`solver.active_lu` for Newton and float32,
+"""Sparse active-set recovery (:mod:`solver.active_lu` for Newton and float32,
 :mod:`solver.square_active` for HiGHS's float64 vertex): for a ``torch.sparse`` LP on the CPU
 whose active system is square, the vertex and the backward use one sparse LU of the active rows
 -- never the (here dense) normal equations nor any dense ``[m, n]`` matrix.

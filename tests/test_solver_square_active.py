@@ -1,5 +1,5 @@
-"""The host LU of a small dense LP's square active system (:mod:`solver.square_active`,
-issue 20 item 4): a certified ``vertex_guess`` of a dense CPU LP is snapped, its multipliers and
+"""The host LU of a small dense LP's square active system (:mod:`solver.square_active`):
+a certified ``vertex_guess`` of a dense CPU LP is snapped, its multipliers and
 its backward taken from one LAPACK LU of ``M = [A_T; A_eq; -I_Z]``.
 
 Oracles: HiGHS (vertex, value and marginals) on random LPs with a planted nondegenerate optimum,
