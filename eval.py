@@ -21,8 +21,11 @@ A ``last.pt`` that cannot be read falls back to ``last.prev.pt`` (the previous e
 checkpoint, which ``train.py`` keeps), with a note on stderr.
 
 The model and data are rebuilt from the checkpoint's resolved config (``RUN_DIR/.hydra/config.yaml``
-when the checkpoint has none) with the same builders as ``train.py``. Checkpoints are unpickled
-with ``weights_only=False``: evaluate only runs you trust.
+when the checkpoint has none) with the same builders as ``train.py``. Checkpoints are read with
+``torch.load(..., weights_only=True)`` (:func:`runfolder.torch_load`): tensors and plain
+containers only, so opening one runs no code. One that needs more (written by an older version of
+``train.py``, or from elsewhere) is refused with :class:`runfolder.UnsafeCheckpointError`;
+``--trust-checkpoint`` unpickles it in full, for files whose origin you trust.
 """
 from __future__ import annotations
 
@@ -71,21 +74,30 @@ def find_checkpoint(run_dir: Path | None, checkpoint: str | Path | None) -> Path
     return path
 
 
-def open_checkpoint(run_dir: Path | None, checkpoint: str | Path | None) -> tuple[Path, dict]:
+#: the opt-in a refused checkpoint's message names
+OPT_IN = "eval.py --trust-checkpoint (evaluate_run: trust=True)"
+
+
+def open_checkpoint(run_dir: Path | None, checkpoint: str | Path | None,
+                    trust: bool = False) -> tuple[Path, dict]:
     """``(path, checkpoint dict)``.  A ``run_dir`` that is a file is taken as the checkpoint
     (``python eval.py RUN/last.pt``).  The default ``last.pt`` falls back to ``last.prev.pt``
     (with a note on stderr) when it cannot be read; a damaged checkpoint named explicitly raises
-    :class:`runfolder.CheckpointError` naming it."""
+    :class:`runfolder.CheckpointError` naming it; one that needs more than a ``weights_only``
+    load, :class:`runfolder.UnsafeCheckpointError` unless ``trust``."""
     if checkpoint is None and run_dir is not None and run_dir.is_file():
         run_dir, checkpoint = run_dir.parent, run_dir
     path = find_checkpoint(run_dir, checkpoint)
     if checkpoint is None and path.parent == run_dir:
-        ckpt, path, note = runfolder.load_checkpoint(run_dir, required=("model",))
+        ckpt, path, note = runfolder.load_checkpoint(run_dir, required=("model",), trust=trust,
+                                                     opt_in=OPT_IN)
         if note:
             print(f"eval.py: {note}", file=sys.stderr)
         return path, ckpt
     try:
-        return path, runfolder.read_checkpoint(path, "cpu", ("model",))
+        return path, runfolder.read_checkpoint(path, "cpu", ("model",), trust, OPT_IN)
+    except runfolder.UnsafeCheckpointError:
+        raise
     except Exception as err:
         previous = path.parent / runfolder.PREVIOUS
         hint = f"; evaluate the previous one instead: --checkpoint {previous}" \
@@ -133,14 +145,17 @@ def plot_roc(fpr: np.ndarray, tpr: np.ndarray, path: Path, title: str) -> None:
 
 def evaluate_run(run_dir: str | Path | None, checkpoint: str | Path | None = None,
                  split: str = "test", out_dir: str | Path | None = None,
-                 device: str = "auto", bn_mode: str = "eval", batch_size: int | None = None) -> dict:
-    """Evaluate ``checkpoint`` (default ``run_dir/last.pt``) on ``split``; returns the JSON record."""
+                 device: str = "auto", bn_mode: str = "eval", batch_size: int | None = None,
+                 trust: bool = False) -> dict:
+    """Evaluate ``checkpoint`` (default ``run_dir/last.pt``) on ``split``; returns the JSON record.
+    ``trust``: unpickle a checkpoint in full when a ``weights_only`` load refuses it
+    (:func:`open_checkpoint`)."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     from data import build_data  # heavy (torchvision sources); only needed here
 
     run_dir = Path(run_dir) if run_dir is not None else None
-    ckpt_path, ckpt = open_checkpoint(run_dir, checkpoint)
+    ckpt_path, ckpt = open_checkpoint(run_dir, checkpoint, trust)
     if run_dir is not None and run_dir.is_file():
         run_dir = run_dir.parent
     cfg = load_config(ckpt, run_dir)
@@ -186,11 +201,15 @@ def main(argv: list[str] | None = None) -> dict:
                              "code evaluates (outputs get a _bntrain suffix)")
     parser.add_argument("--batch-size", type=int, help="evaluation batch (default: the run's "
                         "trainer.eval_batch_size); matters with --bn-mode train (authors: 32)")
+    parser.add_argument("--trust-checkpoint", action="store_true",
+                        help="unpickle a checkpoint in full when torch.load(weights_only=True) "
+                             "refuses it (an older train.py's): it can run code, so only for "
+                             "files whose origin you trust")
     args = parser.parse_args(argv)
     if args.run_dir is None and args.checkpoint is None:
         parser.error("give RUN_DIR or --checkpoint PATH")
     record = evaluate_run(args.run_dir, args.checkpoint, args.split, args.out, args.device,
-                          args.bn_mode, args.batch_size)
+                          args.bn_mode, args.batch_size, args.trust_checkpoint)
     print(json.dumps(record["metrics"], indent=2))
     return record
 

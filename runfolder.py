@@ -9,6 +9,14 @@ Files (all written by :mod:`atomic`: temporary file in the folder, fsync, rename
 * ``best.pt`` -- model weights of the best validation evaluation.
 * ``metrics.csv`` -- one row per evaluation; ``results.json`` -- the final record.
 
+Checkpoints hold only what ``torch.load(..., weights_only=True)`` reads (tensors, numbers,
+strings, bools, None, lists, tuples, dicts): :func:`save_checkpoint` refuses anything else
+(:func:`unplain_entry`), and every load in the project goes through :func:`torch_load`, which
+unpickles no other object, so opening a checkpoint runs no code it carries.  A file that needs
+more (written by an older version of this code, whose RNG state held a numpy array, or by
+anyone else) raises :class:`UnsafeCheckpointError`; the caller's explicit opt-in
+(``trainer.trust_checkpoint=true``, ``eval.py --trust-checkpoint``) unpickles it in full.
+
 A resume compares the checkpoint's config with the new one (:func:`config_differences`): keys
 outside :data:`ALLOWED_ON_RESUME` must not change (``resume=force`` overrides; the trainer then
 records the differences in ``results.json``).  Hydra rewrites ``.hydra/`` at every launch, so
@@ -24,6 +32,9 @@ from __future__ import annotations
 import csv
 import io
 import os
+import pickle
+import warnings
+from collections import Counter, OrderedDict
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -48,6 +59,7 @@ ALLOWED_ON_RESUME = (
     "trainer.bntrain_batch_size",  # the extra BN-train test evaluation's batch (no effect on the trajectory)
     "trainer.init_from",          # ignored on resume (the run has its own weights)
     "trainer.checkpoints",        # whether checkpoints are written (no effect on the trajectory)
+    "trainer.trust_checkpoint",   # how the checkpoint is read (an old-format one needs it)
     "logger",                     # where rows are mirrored
     "device",                     # same run on another card (bit-identity then not guaranteed)
     "dataset.root", "dataset.cache_dir", "dataset.download",   # where the same data lives
@@ -58,25 +70,113 @@ class CheckpointError(FileNotFoundError):
     """No usable checkpoint: the message names each file tried and why it was rejected."""
 
 
+class UnsafeCheckpointError(CheckpointError):
+    """A checkpoint ``torch.load(..., weights_only=True)`` refuses: its pickle names a global
+    beyond tensors and plain containers, so unpickling it in full could run code.  The message
+    names the file, the global and the opt-in that loads it anyway."""
+
+
 class ResumeConfigError(ValueError):
     """``resume=true`` with a config that differs from the checkpoint's (outside the allow-list)."""
 
 
 # ---- checkpoints ---------------------------------------------------------------------------------
 
+#: the opt-in :func:`torch_load`'s refusal names by default (``train.py``'s; ``eval.py`` and
+#: ``scripts/nmf_heatmaps.py`` name their ``--trust-checkpoint`` flag)
+TRAIN_OPT_IN = "trainer.trust_checkpoint=true"
+#: exact types a ``weights_only`` load rebuilds (a subclass, an enum or a numpy scalar is a
+#: global the loader refuses); dict, list, tuple and set are walked into
+_PLAIN_LEAVES = frozenset({type(None), bool, int, float, complex, str, bytes, torch.Tensor,
+                           torch.nn.Parameter, torch.Size, torch.dtype, torch.device})
+_PLAIN_MAPPINGS = frozenset({dict, OrderedDict, Counter})
+
+
+def unplain_entry(tree: Any, where: str = "") -> str | None:
+    """The first entry of ``tree`` that ``torch.load(..., weights_only=True)`` would refuse, as
+    ``"['rng']['numpy'][1] is a numpy.ndarray"``; ``None`` when the whole tree is plain."""
+    kind = type(tree)
+    if kind in _PLAIN_MAPPINGS:
+        for key, value in tree.items():
+            found = (unplain_entry(key, f"a key of {where or 'the state'}")
+                     or unplain_entry(value, f"{where}[{key!r}]"))
+            if found:
+                return found
+    elif kind in (list, tuple, set):
+        for i, value in enumerate(tree):
+            if found := unplain_entry(value, f"{where}[{i}]"):
+                return found
+    elif kind not in _PLAIN_LEAVES:
+        return f"{where or 'the state'} is a {kind.__module__}.{kind.__qualname__}"
+    return None
+
+
+def _check_plain(state: Mapping[str, Any], path: Path) -> dict:
+    state = dict(state)
+    if found := unplain_entry(state):
+        raise TypeError(f"{path} would need more than torch.load(weights_only=True) reads: "
+                        f"{found}. Store tensors, numbers, strings, lists and dicts only "
+                        "(e.g. a numpy array as a tensor, a config via OmegaConf.to_container)")
+    return state
+
+
 def save_checkpoint(state: Mapping[str, Any], run_dir: Path) -> None:
-    """``last.pt`` atomically; the checkpoint it replaces stays as ``last.prev.pt``."""
-    atomic_torch_save(dict(state), run_dir / LAST, keep_previous=run_dir / PREVIOUS)
+    """``last.pt`` atomically; the checkpoint it replaces stays as ``last.prev.pt``.
+
+    Raises:
+        TypeError: ``state`` holds an object a ``weights_only`` load would refuse (named)."""
+    path = run_dir / LAST
+    atomic_torch_save(_check_plain(state, path), path, keep_previous=run_dir / PREVIOUS)
 
 
 def save_best(state: Mapping[str, Any], run_dir: Path) -> None:
-    atomic_torch_save(dict(state), run_dir / BEST)
+    path = run_dir / BEST
+    atomic_torch_save(_check_plain(state, path), path)
+
+
+def _refused_global(err: pickle.UnpicklingError) -> str | None:
+    """The line of a ``weights_only`` refusal that names the global it would not load; ``None``
+    when the error names none (a damaged file: bad opcodes, not a foreign object)."""
+    for line in str(err).splitlines():
+        if "GLOBAL" in line:
+            line = line.strip().removeprefix("WeightsUnpickler error: ")
+            return line.split(". Please use")[0].rstrip(".")[:200]
+    return None
+
+
+def torch_load(path: Path, map_location: Any = "cpu", trust: bool = False,
+               opt_in: str = TRAIN_OPT_IN) -> Any:
+    """``torch.load(path, weights_only=True)``: tensors and plain containers only, so no code
+    the file carries runs.
+
+    ``trust`` is the caller's explicit opt-in: a file the safe load refuses is then unpickled in
+    full (as every load did before checkpoints were plain), with a warning naming it; a file the
+    safe load reads is read safely all the same.
+
+    Raises:
+        UnsafeCheckpointError: the file needs more and ``trust`` is false (the message names the
+            file, the global it needs and ``opt_in``)."""
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as err:
+        needs = _refused_global(err)
+        if needs is None:   # damaged, not foreign: the caller's damage handling applies
+            raise
+        if not trust:
+            raise UnsafeCheckpointError(
+                f"{path} needs more than torch.load(weights_only=True) reads ({needs}): a "
+                "checkpoint from an older version of this code (its RNG state held a numpy array) "
+                "or from elsewhere. Unpickling it in full runs any code it carries; if you trust "
+                f"where it comes from, load it with {opt_in}") from err
+        warnings.warn(f"{path}: unpickled in full ({opt_in}): {needs}", stacklevel=2)
+    return torch.load(path, map_location=map_location, weights_only=False)
 
 
 def read_checkpoint(path: Path, map_location: Any = "cpu",
-                    required: tuple[str, ...] = TRAIN_STATE) -> dict:
-    """``torch.load`` a checkpoint and check it holds the ``required`` keys."""
-    ckpt = torch.load(path, map_location=map_location, weights_only=False)
+                    required: tuple[str, ...] = TRAIN_STATE, trust: bool = False,
+                    opt_in: str = TRAIN_OPT_IN) -> dict:
+    """:func:`torch_load` a checkpoint and check it holds the ``required`` keys."""
+    ckpt = torch_load(path, map_location, trust, opt_in)
     if not isinstance(ckpt, dict):
         raise ValueError(f"holds a {type(ckpt).__name__}, not a checkpoint dict")
     missing = [k for k in required if k not in ckpt]
@@ -86,13 +186,17 @@ def read_checkpoint(path: Path, map_location: Any = "cpu",
 
 
 def load_checkpoint(run_dir: Path, map_location: Any = "cpu",
-                    required: tuple[str, ...] = TRAIN_STATE) -> tuple[dict, Path, str]:
+                    required: tuple[str, ...] = TRAIN_STATE, trust: bool = False,
+                    opt_in: str = TRAIN_OPT_IN) -> tuple[dict, Path, str]:
     """``(checkpoint, path, note)`` of the newest usable checkpoint of ``run_dir``.
 
     Tries ``last.pt`` then ``last.prev.pt``; ``note`` is empty for ``last.pt`` and otherwise says
-    why ``last.pt`` was passed over and which step the run goes back to.
+    why ``last.pt`` was passed over and which step the run goes back to.  ``trust``, ``opt_in``:
+    :func:`torch_load`.
 
     Raises:
+        UnsafeCheckpointError: the first readable file needs more than a ``weights_only`` load
+            (no fall back to an older checkpoint: the run's latest state is there).
         CheckpointError: neither file exists or can be read (the message says what to do).
     """
     tried = []
@@ -102,7 +206,9 @@ def load_checkpoint(run_dir: Path, map_location: Any = "cpu",
             tried.append(f"{path} does not exist")
             continue
         try:
-            ckpt = read_checkpoint(path, map_location, required)
+            ckpt = read_checkpoint(path, map_location, required, trust, opt_in)
+        except UnsafeCheckpointError:
+            raise
         except Exception as err:  # truncated zip, unpickling error, a foreign file, ...
             tried.append(f"{path} is damaged ({type(err).__name__}: {str(err).splitlines()[0][:200]})")
             continue

@@ -119,18 +119,26 @@ def _scored(model, bundle, split: str, device, bn_mode: str, batch_size: int) ->
 
 
 def rng_state() -> dict[str, Any]:
-    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    """The global RNGs' states as a ``weights_only`` load reads them (:mod:`runfolder`): numpy's
+    MT19937 key, a uint32 array, as an int64 tensor; python's is a tuple of ints already."""
+    kind, key, pos, has_gauss, gauss = np.random.get_state()
+    state = {"torch": torch.get_rng_state(), "python": random.getstate(),
+             "numpy": (kind, torch.from_numpy(key.astype(np.int64)), int(pos), int(has_gauss), float(gauss))}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
+    """Restore :func:`rng_state`'s states (an older checkpoint's numpy key array as well).  The
+    generators take CPU byte tensors, whatever device the checkpoint was mapped to."""
+    torch.set_rng_state(state["torch"].cpu())
+    kind, key, *rest = state["numpy"]
+    key = key.cpu() if torch.is_tensor(key) else key
+    np.random.set_state((kind, np.asarray(key, dtype=np.uint32), *rest))
     random.setstate(state["python"])
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
 
 
 class Timer:
@@ -159,14 +167,16 @@ class Timer:
         return out
 
 
-def init_weights(model: torch.nn.Module, path: Path, device: torch.device) -> None:
+def init_weights(model: torch.nn.Module, path: Path, device: torch.device, trust: bool = False) -> None:
     """Start from the model weights of another run's checkpoint (``trainer.init_from``), e.g.
     fine-tune a cross-entropy run on an LP objective.  Only the weights are taken: optimizer,
-    schedule and step count start afresh."""
+    schedule and step count start afresh.  ``trust``: ``trainer.trust_checkpoint``
+    (:func:`runfolder.torch_load`; without it an old-format file raises
+    :class:`runfolder.UnsafeCheckpointError`)."""
     if not path.is_file():
         raise FileNotFoundError(f"trainer.init_from={path} does not exist; give a last.pt / best.pt "
                                 "of an earlier run (same dataset.task and model)")
-    state = torch.load(path, map_location=device, weights_only=False)
+    state = runfolder.torch_load(path, map_location=device, trust=trust)
     model.load_state_dict(state["model"] if "model" in state else state)
 
 
@@ -184,7 +194,8 @@ def built(key: str, cfg: DictConfig, make: Callable[[], Any]) -> Any:
 
 def resume_from(cfg: DictConfig, run_dir: Path, resolved: dict, device) -> tuple[dict, dict]:
     """The checkpoint to continue from and this launch's record; refuses a differing config."""
-    ckpt, path, note = runfolder.load_checkpoint(run_dir, map_location=device)
+    ckpt, path, note = runfolder.load_checkpoint(run_dir, map_location=device,
+                                                 trust=cfg.trainer.get("trust_checkpoint", False))
     diffs = runfolder.config_differences(ckpt["config"], resolved)
     runfolder.restore_hydra_files(run_dir, ckpt.get("hydra_files") or {}, ckpt["step"])
     if diffs and cfg.resume != "force":
@@ -334,7 +345,7 @@ def prepare_run(cfg: DictConfig, run_dir: Path, device: torch.device) -> tuple[R
     runtime = runtime_values(bundle)
     model = built("model", cfg, lambda: build_model(cfg, bundle)).to(device)
     if cfg.trainer.get("init_from") and not cfg.resume:   # a resumed run has its own weights
-        init_weights(model, Path(cfg.trainer.init_from), device)
+        init_weights(model, Path(cfg.trainer.init_from), device, cfg.trainer.get("trust_checkpoint", False))
     objective = built("objective", cfg, lambda: instantiate_runtime(cfg.objective, **runtime)).to(device)
     launches = list(ckpt.get("launches", [])) if ckpt is not None else []
     hydra_files = (ckpt.get("hydra_files") if ckpt is not None else None) or runfolder.hydra_files(run_dir)

@@ -7,7 +7,7 @@ Each failure is a :class:`ConfigError` whose message names the key, the value an
 * ``trainer.max_steps``, ``eval_every``, ``batch_size``, ``eval_batch_size``, ``log_every`` are
   integers >= 1 (0 used to fail late with ``IndexError`` / ``ZeroDivisionError``);
   ``trainer.max_grad_norm`` is null or finite > 0; ``trainer.eval_bn`` is eval or train; ``trainer.precision`` fp32 or bf16;
-  ``trainer.checkpoints`` a boolean;
+  ``trainer.checkpoints`` and ``trainer.trust_checkpoint`` booleans;
   ``trainer.init_from`` names an existing file; ``optimizer.lr`` is finite and >= 0;
 * ``seed`` is an integer; ``resume`` is false, true or force; ``dataset.task`` is binary or
   multiclass; ``dataset.neg_keep`` / ``drop_rate`` are numbers the task accepts
@@ -161,6 +161,9 @@ def static_problems(cfg: DictConfig) -> list[str]:
                         f"{', '.join(PRECISIONS)} (bf16: the model under torch.autocast)")
     if not isinstance(trainer.get("checkpoints", True), bool):
         problems.append(f"trainer.checkpoints={trainer.get('checkpoints')!r} must be true or false")
+    if not isinstance(trainer.get("trust_checkpoint", False), bool):
+        problems.append(f"trainer.trust_checkpoint={trainer.get('trust_checkpoint')!r} must be true "
+                        "(unpickle an old-format checkpoint in full) or false")
     if cfg.get("resume") not in RESUME_VALUES:
         problems.append(f"resume={cfg.get('resume')!r} must be false, true (continue from "
                         "<run dir>/last.pt) or force (continue although the config differs)")

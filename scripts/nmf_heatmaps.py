@@ -13,8 +13,10 @@ one PNG per image.
 state dict and the resolved ``config``) of a ``model=resnet18`` run, or a bare ResNet-18 state
 dict. The network is rebuilt from the checkpoint's own ``config.model`` (stem included) with the
 head size read from ``fc.weight`` (2-way for binary runs, 3-way for the 3-group task), and the
-weights are loaded strictly. The images are CIFAR-10 test images normalised with CIFAR-10's
-constants, whatever data the checkpoint was trained on.
+weights are loaded strictly. The file is read with ``torch.load(..., weights_only=True)``
+(:func:`runfolder.torch_load`: no code it carries runs); ``--trust-checkpoint`` unpickles in full
+one that needs more (an older ``train.py``'s checkpoint). The images are CIFAR-10 test images
+normalised with CIFAR-10's constants, whatever data the checkpoint was trained on.
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from omegaconf import OmegaConf  # noqa: E402
 from torch import nn  # noqa: E402
 
+import runfolder  # noqa: E402
 from builders import instantiate_runtime  # noqa: E402
 from models.resnet import resnet18  # noqa: E402
 from objectives.nmf import NMFLayer  # noqa: E402
@@ -53,13 +56,15 @@ def load_images(root: Path, count: int, seed: int) -> np.ndarray:
                          for i in idx])
 
 
-def load_network(weights: str | None, size: int = 32) -> nn.Module:
+def load_network(weights: str | None, size: int = 32, trust: bool = False) -> nn.Module:
     """The ResNet-18 to factor: untrained (10-way) when ``weights`` is None, else rebuilt from a
     ``train.py`` checkpoint (its ``config.model`` with the head size of its ``fc.weight``) or from a
-    bare state dict, and loaded strictly (a mismatch is an error, not silently skipped weights)."""
+    bare state dict, and loaded strictly (a mismatch is an error, not silently skipped weights).
+    ``trust``: unpickle in full a file a ``weights_only`` load refuses (else
+    :class:`runfolder.UnsafeCheckpointError`)."""
     if not weights:
         return resnet18(num_classes=10, input_shape=[3, size, size]).eval()
-    ckpt = torch.load(weights, map_location="cpu", weights_only=False)
+    ckpt = runfolder.torch_load(Path(weights), "cpu", trust, opt_in="--trust-checkpoint")
     state = ckpt["model"] if isinstance(ckpt, dict) and "model" in ckpt else ckpt
     if "fc.weight" not in state or "conv1.weight" not in state:
         raise ValueError(f"{weights} holds no ResNet weights (no fc.weight / conv1.weight: keys "
@@ -138,6 +143,9 @@ def main(argv=None) -> None:
     ap.add_argument("--stage", default="layer3", help="layer3 at 128 px gives 8x8 maps (w = 64)")
     ap.add_argument("--weights", default=None,
                     help="train.py last.pt / best.pt of a model=resnet18 run (or a bare state dict); default untrained")
+    ap.add_argument("--trust-checkpoint", action="store_true",
+                    help="unpickle --weights in full when torch.load(weights_only=True) refuses it "
+                         "(an older train.py's checkpoint): it can run code, so only for files you trust")
     ap.add_argument("--method", default="lp", choices=["lp", "highs"], help="solver.solve_lp or scipy HiGHS")
     ap.add_argument("--penalty", type=float, default=10.0)
     ap.add_argument("--seed", type=int, default=0)
@@ -147,7 +155,8 @@ def main(argv=None) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     images = load_images(Path(args.data_root), args.images, args.seed)
-    acts = activations(images, load_network(args.weights, args.size), args.size, args.stage)
+    acts = activations(images, load_network(args.weights, args.size, args.trust_checkpoint), args.size,
+                       args.stage)
     ranks = [1, 2]
     all_maps, timings = [], []
     for i, act in enumerate(acts):
