@@ -255,14 +255,14 @@ _ABSENT = "<absent>"
 #: what those runs did: a config without the key counts as having this value (``make_tables.py``
 #: pools such runs with new ones; a resume does not call the missing key a difference).
 ADDED_DEFAULTS = {
-    "trainer.eval_bn": "eval",     # BatchNorm-train evaluation option (issue 12); before it: eval()
-    "trainer.precision": "fp32",   # bf16 autocast option (issue 9); before it: float32
-    "trainer.checkpoints": True,   # checkpoint-free runs (issue 9); before it: always written
-    "objective.pair_layout": "masked",   # dense AUC pairs (issue 9); before it: masked (objectives
+    "trainer.eval_bn": "eval",     # BatchNorm-train evaluation option; before it: eval()
+    "trainer.precision": "fp32",   # bf16 autocast option; before it: float32
+    "trainer.checkpoints": True,   # checkpoint-free runs; before it: always written
+    "objective.pair_layout": "masked",   # dense AUC pairs; before it: masked (objectives
                                          # without the key get it on both sides: no difference)
-    "dataset.split": "paper",            # authors' split option (issue 18); before it: the paper's
-    "dataset.normalize": "per_channel",  # per-image option (issue 18); before it: per channel
-    "scheduler.stages": None,            # stage schedule option (issue 18); before it: milestones
+    "dataset.split": "paper",            # authors' split option; before it: the paper's
+    "dataset.normalize": "per_channel",  # per-image option; before it: per channel
+    "scheduler.stages": None,            # stage schedule option; before it: milestones
 }
 
 

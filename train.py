@@ -316,7 +316,7 @@ class Run:
             "resume_forced": any(la.get("forced_differences") for la in self.launches),
             "config": runfolder.portable_config(self.cfg, self.run_dir),
             "batch_stream": STREAM_VERSION,
-            "provenance": provenance.record(self.device),   # code version and machine (issue 18)
+            "provenance": provenance.record(self.device),   # code version and machine
             **extra,
         }
         if "val" not in self.eval_splits:

@@ -1,4 +1,4 @@
-"""NMF heat maps of ResNet-18 activations through the NMF LP layer (seed 001 appendix A.3, fig. 2).
+"""NMF heat maps of ResNet-18 activations through the NMF LP layer (Meng et al., ICLR 2021 version, appendix A.3, fig. 2).
 
 For a few CIFAR-10 test images, the activation tensor ``[c, h, w]`` of a ResNet-18 stage is
 reshaped to ``V [c, h*w]`` (restricted to the ``--channels`` most active channels: the LP has
@@ -167,7 +167,7 @@ def main(argv=None) -> None:
         print(timings[-1])
     plot(images, all_maps, ranks, out / "heatmaps.png")
     (out / "README.md").write_text(
-        "# NMF heat maps (seed 001 appendix A.3)\n\n"
+        "# NMF heat maps (Meng et al., ICLR 2021 version, appendix A.3)\n\n"
         f"Command: `python scripts/nmf_heatmaps.py {' '.join(sys.argv[1:] if argv is None else argv)}`\n\n"
         f"ResNet-18 ({'weights ' + args.weights if args.weights else 'untrained'}), stage {args.stage}, "
         f"input {args.size}px, top {args.channels} channels, method {args.method}, penalty {args.penalty}.\n"
