@@ -151,7 +151,10 @@ def verifier(compose, extra: list[str]):
 
 def probe(entries: list[dict], extra: list[str], args) -> tuple[dict, object]:
     """Speeds of the objectives of the first ``--probe-window`` candidates on this device: a pack
-    of ``--probe-n`` and a pack of one (:func:`pack_cost`), and which objectives share a pack."""
+    of ``--probe-n`` and a pack of one (:func:`pack_cost`), and which objectives share a pack.
+    Where the selector is on (:func:`select_wanted`), it first chooses the forward mode on the
+    first pack of the first ``--probe-n`` candidates (``args.pack_select``), and the probe times
+    that mode (``mode`` in the speed), so the plan prices what will train."""
     import torch
 
     from builders import resolve_device
@@ -159,6 +162,10 @@ def probe(entries: list[dict], extra: list[str], args) -> tuple[dict, object]:
     overrides = [*first["overrides"], *extra]
     cfg = gpu_tables.compose_job(overrides, first["experiment"])
     device = resolve_device(cfg.device)
+    if select_wanted(args, device):
+        with tempfile.TemporaryDirectory(prefix="campaign_select_") as work:
+            args.pack_select = select_pack_mode(jobs_of(entries[:args.probe_n], extra, Path(work))[0], args)
+        args.pack_mode = args.pack_select["chosen"]
     objectives = list(dict.fromkeys(e["objective"] for e in entries[:args.probe_window]))
     speed = measure_each(cfg, overrides, device, args.probe_n, args, objectives, first["experiment"])
     probed = [o for o in objectives if f"step_ms_per_run_{o}" in speed]
@@ -174,21 +181,52 @@ def measure_each(cfg, overrides, device, n: int, args, objectives: list[str], ex
     """:func:`gpu_tables.measure` of ``objectives`` at pack size ``n``; if it fails, each objective
     alone (one objective's failure must not cost the window: its runs stay unpriced, skipped)."""
     graph = getattr(args, "cuda_graph", False)   # (`plan` has no --cuda-graph: eager)
+    mode = getattr(args, "pack_mode", "auto")      # the selector's choice (probe), else the default
     try:
         return gpu_tables.measure(cfg, overrides, device, n, args.probe_reps, objectives, experiment,
-                                  cuda_graph=graph)
+                                  cuda_graph=graph, mode=mode)
     except Exception as err:   # noqa: BLE001
         print(f"probe (pack of {n}): {campaign_queue.first_line(err)}; probing each objective alone", flush=True)
     speed: dict = {}
     for obj in objectives:
         try:
             speed.update(gpu_tables.measure(cfg, overrides, device, n, args.probe_reps, [obj], experiment,
-                                            cuda_graph=graph))
+                                            cuda_graph=graph, mode=mode))
         except Exception as err:   # noqa: BLE001
             print(f"probe: {obj} failed at pack size {n} ({campaign_queue.first_line(err)})", flush=True)
     if "eval_ms" not in speed:
         raise RuntimeError("the probe failed for every objective: see the lines above")
     return speed
+
+
+def select_wanted(args, device) -> bool:
+    """``run --select-mode`` / ``--no-select-mode``; by default on for CUDA, off elsewhere (and
+    never for ``plan``, which has no such flag)."""
+    wanted = getattr(args, "select_mode", False)
+    return device.type == "cuda" if wanted is None else bool(wanted)
+
+
+def select_pack_mode(jobs: list, args) -> dict:
+    """:func:`packed.select.select_mode` on the first pack of ``jobs``: its record."""
+    from packed.select import select_mode
+    budget = {} if args.select_budget_s is None else {"budget_s": args.select_budget_s}
+    record = select_mode(jobs, max_pack=args.max_pack, cuda_graph=args.cuda_graph, **budget)
+    print(f"pack mode: {record['chosen']} ({record['fell_back'] or record['why']}; "
+          f"{record['elapsed_s']} s)", flush=True)
+    return record
+
+
+def jobs_of(entries: list[dict], extra: list[str], work: Path) -> tuple[list, dict]:
+    """The launcher's jobs of ``entries`` (composed with ``extra``; run folders under ``work``)
+    and their run folders by key."""
+    from packed.launch import Job
+    jobs, run_dirs = [], {}
+    with composer() as compose:
+        for e in entries:
+            cfg, choice = campaign_queue.compose_entry(compose, [*e["overrides"], *extra], e["experiment"])
+            run_dirs[e["key"]] = work / e["key"]
+            jobs.append(Job(cfg, run_dirs[e["key"]], {"objective": choice, "dataset": cfg.dataset.name}, e["key"]))
+    return jobs, run_dirs
 
 
 def read_speed(path: Path) -> dict:
@@ -265,28 +303,41 @@ def plan_for(args, start: float) -> tuple[dict, dict, list[dict], list[str]]:
 
 
 def run(args) -> int:
-    """Plan, train the kept entries as packs under the deadline, export metrics to ``--out``."""
-    from packed.launch import Job, train_packed
+    """Plan, train the kept entries as packs under the deadline, export metrics to ``--out``.
+
+    The forward mode: where the selector is on (:func:`select_wanted`) it runs before the probe
+    (:func:`probe`), or, with rates given (``--speed``: no probe), on the first planned pack after
+    the plan (its time then comes out of training, under the deadline); the packs train in the
+    mode it chose, and ``plan.json``'s ``pack_mode`` holds its record with ``probed_mode`` (the
+    mode the rates were measured in; ``None`` for rates without one)."""
+    from builders import resolve_device
+    from packed.launch import train_packed
     start = time.monotonic()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     run_id = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    args.pack_mode, args.pack_select = "auto", None   # probe() sets them where it selects
     queue, plan, kept, extra = plan_for(args, start)
     plan["run_id"] = run_id
+    if args.pack_select is not None:
+        plan["pack_mode"] = {**args.pack_select, "probed_mode": plan.get("speed", {}).get("mode")}
     (out / "plan.json").write_text(json.dumps(plan, indent=1))
     if not kept:
         return 0
     work = Path(args.work or tempfile.mkdtemp(prefix="campaign_"))   # run folders stay out of OUT
-    jobs, run_dirs = [], {}
-    with composer() as compose:
-        for e in kept:
-            cfg, choice = campaign_queue.compose_entry(compose, [*e["overrides"], *extra], e["experiment"])
-            run_dirs[e["key"]] = work / e["key"]
-            jobs.append(Job(cfg, run_dirs[e["key"]], {"objective": choice, "dataset": cfg.dataset.name}, e["key"]))
+    jobs, run_dirs = jobs_of(kept, extra, work)
+    if args.pack_select is None:
+        if select_wanted(args, resolve_device(jobs[0].cfg.device)):
+            args.pack_select = select_pack_mode(jobs, args)
+            args.pack_mode = args.pack_select["chosen"]
+        plan["pack_mode"] = {**(args.pack_select or {
+            "chosen": "auto", "why": "selector off (run --select-mode to choose; on by default on CUDA)"}),
+            "probed_mode": plan["speed"].get("mode")}
+        (out / "plan.json").write_text(json.dumps(plan, indent=1))
     eval_ms = plan["speed"].get("eval_ms", 0.0)
     reserve_s = 1.5 * len(jobs) * eval_ms / 1000 + 10   # every run's last evaluation, and the export
     outcomes = train_packed(jobs, max_pack=args.max_pack, deadline=start + args.budget_s - reserve_s,
-                            cuda_graph=args.cuda_graph)
+                            cuda_graph=args.cuda_graph, mode=args.pack_mode)
     gpu_tables.export(run_dirs, out, extra={"queue_version": queue["version"], "run_id": run_id, "kind": "gpu"})
     plan["outcome"] = {j.name: campaign_fold.outcome_text(o, e["steps"]) for j, o, e in zip(jobs, outcomes, kept)}
     (out / "plan.json").write_text(json.dumps(plan, indent=1))
@@ -329,6 +380,12 @@ def main(argv: list[str] | None = None) -> int:
             r.add_argument("--cuda-graph", action="store_true",
                            help="replay capturable packs from a CUDA graph (the launcher's option; the plan "
                                 "is priced from the probe, which times the same replays where the pack can be captured)")
+            r.add_argument("--select-mode", action=argparse.BooleanOptionalAction, default=None,
+                           help="choose the packs' forward mode first (packed/select.py: each mode gated "
+                                "against lone runs, then timed; the probe times the chosen one); default: "
+                                "on for CUDA, off on the CPU")
+            r.add_argument("--select-budget-s", type=float, default=None,
+                           help="wall seconds for that choice (default packed.select.BUDGET_S, 60)")
     campaign_fold.add_parsers(sub)
     args = ap.parse_args(argv)
     if args.cmd == "queue":

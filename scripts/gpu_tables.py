@@ -57,13 +57,15 @@ def job_specs(dataset: str, seeds, lrs, levels=LEVELS, objectives=OBJECTIVES) ->
 
 
 def measure(cfg, overrides: list[str], device, pack_n: int, reps: int,
-            objectives=OBJECTIVES, experiment: str = "table1_binary", cuda_graph: bool = False) -> dict:
+            objectives=OBJECTIVES, experiment: str = "table1_binary", cuda_graph: bool = False,
+            mode: str = "auto") -> dict:
     """ms per run-step of a packed step (each of ``objectives``) at ``pack_n`` runs, and ms of one
     run's evaluation (val + test), for the model and batch of ``cfg``. The step timed is the one
     :func:`packed.launch.train_packed` would take (``cuda_graph`` as passed to it): the objectives
     in the form a pack on ``device`` trains (:func:`packed.graph.capture_form`), sync-free on
     CUDA, and, where a graph is asked and the pack can be captured, the graph's replay
-    (``graph_<objective>`` in the result says which was timed)."""
+    (``graph_<objective>`` in the result says which was timed); the pack's forward in ``mode``
+    (:data:`packed.model.MODES`, as ``train_packed(mode=)``; ``mode`` in the result)."""
     from hydra.utils import instantiate
 
     import train
@@ -71,11 +73,14 @@ def measure(cfg, overrides: list[str], device, pack_n: int, reps: int,
     from data import build_data
     from packed.graph import GraphedStep, capture_form
     from packed.launch import step_runner
+    from packed.model import MODES
     from packed.speed import build_runs, runner_ms
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}; got {mode!r}")
     bundle = build_data(cfg.dataset, seed=cfg.seed).to(device)
     runtime = runtime_values(bundle)
     shape, batch = tuple(bundle.input_shape), int(cfg.trainer.batch_size)
-    out = {"pack_n": pack_n, "input_shape": list(shape), "batch_size": batch}
+    out = {"pack_n": pack_n, "input_shape": list(shape), "batch_size": batch, "mode": mode}
     for name in objectives:   # each with the optimizer its config brings (ppd_*: their own)
         job = compose_job([*overrides, f"objective={name}"], experiment)   # the last objective= wins
         runs = build_runs(lambda: build_model(cfg, bundle), shape, batch, pack_n, device,
@@ -84,6 +89,7 @@ def measure(cfg, overrides: list[str], device, pack_n: int, reps: int,
                           make_optimizer=lambda groups: instantiate(job.optimizer, _partial_=True)(params=groups),
                           sync_free=device.type == "cuda",   # as train_packed steps there
                           pack_form=lambda o: capture_form(o, device))
+        runs.stepper.packed.mode = mode   # settable after packing (gemm plans on its first call)
         runner = step_runner(runs.stepper, cuda_graph, device, pack_n)
         out[f"step_ms_per_run_{name}"] = runner_ms(runs, runner, reps, device) / pack_n
         out[f"graph_{name}"] = isinstance(runner, GraphedStep)
