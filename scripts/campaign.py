@@ -37,6 +37,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
 import campaign_fold  # noqa: E402
 import campaign_order  # noqa: E402
 import campaign_queue  # noqa: E402
+import campaign_submit  # noqa: E402
 import gpu_tables  # noqa: E402 -- the probe, the cost model, whole-block planning, export
 from campaign_cells import LEDGER_FILE, QUEUE_FILE, RUNS_DIR  # noqa: E402
 from campaign_jobs import composer  # noqa: E402
@@ -52,13 +53,9 @@ def pending(queue: dict, ledger: dict, folder: Path) -> list[dict]:
 
 def candidates(entries: list[dict], dataset: str | None = None) -> tuple[list[dict], list[tuple[str, str]]]:
     """The composable device entries of one dataset (``dataset``, default the first such pending
-    one's), and (key, why) of every entry left out: it did not compose when the queue was made, or
-    it runs on the host (``runs_on``: its loss needs the host every step, so no device command can
-    train it to 40k; :func:`campaign_queue.runs_on`)."""
-    left = [(e["key"], f"does not compose: {e.get('error')}") for e in entries if e.get("config_sha") is None]
-    left += [(e["key"], f"runs on the host, never in a device command: {e.get('runs_on_why') or 'host-only objective'}")
-             for e in entries if e.get("config_sha") is not None and e.get("runs_on", "device") != "device"]
-    good = [e for e in entries if e.get("config_sha") is not None and e.get("runs_on", "device") == "device"]
+    one's), and (key, why) of every entry left out (:func:`campaign_submit.runnable`: it did not
+    compose when the queue was made, or it runs on the host, so no device command can train it)."""
+    good, left = campaign_submit.runnable(entries)
     if not good:
         return [], left
     dataset = dataset or good[0]["where"]["dataset.name"]
@@ -134,21 +131,6 @@ def make_plan(entries: list[dict], speed: dict, budget_s: float, eval_every: int
                                        f"{avail:.0f} s available" if cheapest else "nothing pending")}
 
 
-def verifier(compose, extra: list[str]):
-    """``verify(entry)``: None if the entry composes (with ``extra``) to its queued protocol."""
-    def verify(e):
-        try:
-            cfg, _ = campaign_queue.compose_entry(compose, [*e["overrides"], *extra], e["experiment"])
-            sha = campaign_queue.config_sha(campaign_queue.composed_config(cfg))
-        except Exception as err:   # noqa: BLE001 -- reported with the key, the others go on
-            return f"does not compose: {campaign_queue.first_line(err)}"
-        return None if sha == e["config_sha"] else (
-            "composes to another protocol than queued (configs changed since the queue was made: "
-            "`python scripts/campaign.py queue --check` lists it; or an override in --set is not "
-            "ignorable)")
-    return verify
-
-
 def probe(entries: list[dict], extra: list[str], args) -> tuple[dict, object]:
     """Speeds of the objectives of the first ``--probe-window`` candidates on this device: a pack
     of ``--probe-n`` and a pack of one (:func:`pack_cost`), and which objectives share a pack.
@@ -164,7 +146,7 @@ def probe(entries: list[dict], extra: list[str], args) -> tuple[dict, object]:
     device = resolve_device(cfg.device)
     if select_wanted(args, device):
         with tempfile.TemporaryDirectory(prefix="campaign_select_") as work:
-            args.pack_select = select_pack_mode(jobs_of(entries[:args.probe_n], extra, Path(work))[0], args)
+            args.pack_select = select_pack_mode(campaign_submit.jobs_of(entries[:args.probe_n], extra, Path(work))[0], args)
         args.pack_mode = args.pack_select["chosen"]
     objectives = list(dict.fromkeys(e["objective"] for e in entries[:args.probe_window]))
     speed = measure_each(cfg, overrides, device, args.probe_n, args, objectives, first["experiment"])
@@ -216,19 +198,6 @@ def select_pack_mode(jobs: list, args) -> dict:
     return record
 
 
-def jobs_of(entries: list[dict], extra: list[str], work: Path) -> tuple[list, dict]:
-    """The launcher's jobs of ``entries`` (composed with ``extra``; run folders under ``work``)
-    and their run folders by key."""
-    from packed.launch import Job
-    jobs, run_dirs = [], {}
-    with composer() as compose:
-        for e in entries:
-            cfg, choice = campaign_queue.compose_entry(compose, [*e["overrides"], *extra], e["experiment"])
-            run_dirs[e["key"]] = work / e["key"]
-            jobs.append(Job(cfg, run_dirs[e["key"]], {"objective": choice, "dataset": cfg.dataset.name}, e["key"]))
-    return jobs, run_dirs
-
-
 def read_speed(path: Path) -> dict:
     """A probe's speed JSON, or a rates file (``rates.json``: a window's probe; an older one's
     ``ms_per_run_step`` ranges: their low end)."""
@@ -254,8 +223,7 @@ def plan_for(args, start: float) -> tuple[dict, dict, list[dict], list[str]]:
     """(queue, plan, kept entries, extra overrides): probe, choose, verify."""
     folder = Path(args.dir)
     queue, ledger = campaign_queue.load(folder)
-    extra = [f"trainer.eval_every={args.eval_every}", f"device={args.device}", "logger=csv",
-             "trainer.checkpoints=false", *args.set]
+    extra = campaign_submit.device_overrides(args)
     waiting = pending(queue, ledger, folder)
     excluded = read_keys(Path(args.exclude)) if args.exclude else set()
     if excluded:   # trained by an earlier command on this machine, not folded into the ledger yet
@@ -281,7 +249,7 @@ def plan_for(args, start: float) -> tuple[dict, dict, list[dict], list[str]]:
         speed, _ = probe(todo, extra, args)
     budget = args.budget_s - (time.monotonic() - start)
     with composer() as compose:
-        plan = make_plan(todo, speed, budget, args.eval_every, verifier(compose, extra))
+        plan = make_plan(todo, speed, budget, args.eval_every, campaign_submit.verifier(compose, extra))
     plan["skipped"] = [{"key": k, "why": w} for k, w in broken] + plan["skipped"]
     plan.update(queue_version=queue["version"], dataset=todo[0]["where"]["dataset.name"], speed=speed,
                 extra_overrides=extra, pending=len(waiting), excluded=sorted(excluded))
@@ -311,7 +279,6 @@ def run(args) -> int:
     mode it chose, and ``plan.json``'s ``pack_mode`` holds its record with ``probed_mode`` (the
     mode the rates were measured in; ``None`` for rates without one)."""
     from builders import resolve_device
-    from packed.launch import train_packed
     start = time.monotonic()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -325,7 +292,7 @@ def run(args) -> int:
     if not kept:
         return 0
     work = Path(args.work or tempfile.mkdtemp(prefix="campaign_"))   # run folders stay out of OUT
-    jobs, run_dirs = jobs_of(kept, extra, work)
+    jobs, run_dirs = campaign_submit.jobs_of(kept, extra, work)
     if args.pack_select is None:
         if select_wanted(args, resolve_device(jobs[0].cfg.device)):
             args.pack_select = select_pack_mode(jobs, args)
@@ -336,9 +303,9 @@ def run(args) -> int:
         (out / "plan.json").write_text(json.dumps(plan, indent=1))
     eval_ms = plan["speed"].get("eval_ms", 0.0)
     reserve_s = 1.5 * len(jobs) * eval_ms / 1000 + 10   # every run's last evaluation, and the export
-    outcomes = train_packed(jobs, max_pack=args.max_pack, deadline=start + args.budget_s - reserve_s,
-                            cuda_graph=args.cuda_graph, mode=args.pack_mode)
-    gpu_tables.export(run_dirs, out, extra={"queue_version": queue["version"], "run_id": run_id, "kind": "gpu"})
+    outcomes = campaign_submit.train_and_export(jobs, run_dirs, out, queue["version"], run_id,
+                                                deadline=start + args.budget_s - reserve_s, max_pack=args.max_pack,
+                                                cuda_graph=args.cuda_graph, mode=args.pack_mode)
     plan["outcome"] = {j.name: campaign_fold.outcome_text(o, e["steps"]) for j, o, e in zip(jobs, outcomes, kept)}
     (out / "plan.json").write_text(json.dumps(plan, indent=1))
     failed = [j.name for j, o in zip(jobs, outcomes) if isinstance(o, Exception)]
@@ -387,6 +354,7 @@ def main(argv: list[str] | None = None) -> int:
             r.add_argument("--select-budget-s", type=float, default=None,
                            help="wall seconds for that choice (default packed.select.BUDGET_S, 60)")
     campaign_fold.add_parsers(sub)
+    campaign_submit.add_parser(sub)
     args = ap.parse_args(argv)
     if args.cmd == "queue":
         return make_queue(Path(args.dir), args.check)
@@ -395,6 +363,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.cmd == "run":
         return run(args)
+    if args.cmd == "submit":
+        return campaign_submit.submit(args, Path(args.dir))
     return campaign_fold.main(args)
 
 
