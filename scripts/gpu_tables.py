@@ -1,4 +1,4 @@
-"""One dataset's Table-1 block (seed 002 Table 1) inside one GPU slot, planned from measured speed.
+"""One dataset's Table-1 block (Meng et al. 2021, Table 1) inside one GPU slot, planned from measured speed.
 
     python scripts/gpu_tables.py run --dataset cifar10 --out OUT [--budget-s 480] [--steps 40000]
     python scripts/gpu_tables.py unpack OUT/runs.jsonl.gz --into results/gpu_tables/cifar10
