@@ -17,6 +17,7 @@ from objectives.ratio import (F1LPLoss, FBetaLPLoss, JaccardLPLoss, PrecisionAtR
                               phi_of_logits)
 from packed import PackedStep, pack, param_groups
 from solver import LPInputError, solve_lp
+from tests.helpers import assert_graph_replays_eager
 from tests.test_auc_dense_pairs import NoHostSync
 from tests.test_objectives_capture_ova import no_sync_forward_backward, op_trace
 
@@ -308,31 +309,5 @@ def test_cuda_graph_capture_and_replay():
     """The capture-safe F1 loss and its backward captured in a CUDA graph; a replay on new
     logits and labels equals the eager call."""
     fn = F1LPLoss(phi="softmax_st", margin=0.5).capture_safe_form().cuda()
-    x = torch.randn(64, 2, device="cuda", requires_grad=True)
-    y = torch.randint(0, 2, (64,), device="cuda")
-
-    def step():
-        x.grad = None
-        with labels_checked():
-            loss = fn(x, y)
-        loss.backward()
-        return loss
-
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            step()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        loss = step()
-    with torch.no_grad():
-        x.copy_(torch.randn(64, 2, device="cuda"))
-        y.copy_(torch.randint(0, 2, (64,), device="cuda"))
-    graph.replay()
-    got, grad = loss.clone(), x.grad.clone()
-    want = step()
-    torch.testing.assert_close(got, want.detach())
-    torch.testing.assert_close(grad, x.grad)
+    assert_graph_replays_eager(fn, batch=64, classes=2)
     assert fn.pop_stats()["lp_converged"] == 1.0

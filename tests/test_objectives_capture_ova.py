@@ -16,6 +16,7 @@ from objectives.common import labels_checked
 from objectives.pairwise import ramp_lp
 from packed import PackedStep, pack, param_groups
 from solver import SolverOptions
+from tests.helpers import assert_graph_replays_eager
 from tests.test_auc_dense_pairs import NoHostSync
 from tests.test_packed_pack_forward import together_equals_alone
 
@@ -266,30 +267,4 @@ def test_cuda_graph_capture_and_replay():
     """The capture-safe loss and its backward captured in a CUDA graph; a replay on new logits
     and labels equals the eager call."""
     fn = AUCOneVsAllLoss(num_classes=3, epsilon=0.01).capture_safe_form().cuda()
-    x = torch.randn(32, 3, device="cuda", requires_grad=True)
-    y = torch.randint(0, 3, (32,), device="cuda")
-
-    def step():
-        x.grad = None
-        with labels_checked():
-            loss = fn(x, y)
-        loss.backward()
-        return loss
-
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            step()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        loss = step()
-    with torch.no_grad():
-        x.copy_(torch.randn(32, 3, device="cuda"))
-        y.copy_(torch.randint(0, 3, (32,), device="cuda"))
-    graph.replay()
-    got, grad = loss.clone(), x.grad.clone()
-    want = step()
-    torch.testing.assert_close(got, want.detach())
-    torch.testing.assert_close(grad, x.grad)
+    assert_graph_replays_eager(fn, batch=32, classes=3)
