@@ -145,8 +145,14 @@ def probe(entries: list[dict], extra: list[str], args) -> tuple[dict, object]:
     cfg = gpu_tables.compose_job(overrides, first["experiment"])
     device = resolve_device(cfg.device)
     if select_wanted(args, device):
-        with tempfile.TemporaryDirectory(prefix="campaign_select_") as work:
-            args.pack_select = select_pack_mode(campaign_submit.jobs_of(entries[:args.probe_n], extra, Path(work))[0], args)
+        try:   # a stale entry must not cost the window: the plan's verifier reports it later
+            with tempfile.TemporaryDirectory(prefix="campaign_select_") as work:
+                args.pack_select = select_pack_mode(
+                    campaign_submit.jobs_of(entries[:args.probe_n], extra, Path(work))[0], args)
+        except Exception as err:   # noqa: BLE001 -- the default mode, and why
+            why = f"the selector's pack did not build: {campaign_queue.first_line(err)}"
+            print(f"pack mode: auto ({why})", flush=True)
+            args.pack_select = {"chosen": "auto", "why": why, "fell_back": why}
         args.pack_mode = args.pack_select["chosen"]
     objectives = list(dict.fromkeys(e["objective"] for e in entries[:args.probe_window]))
     speed = measure_each(cfg, overrides, device, args.probe_n, args, objectives, first["experiment"])
@@ -388,11 +394,11 @@ def make_queue(folder: Path, check: bool) -> int:
               f"entries that differ: {', '.join(changed[:20]) or 'order / count only'}")
         return 1
     old = campaign_queue.read_json(path, "queue") if path.is_file() else None
-    campaign_queue.write_json(path, queue)
-    print(f"wrote {path}: {len(queue['entries'])} entries, version {queue['version']}")
     ledger_path = folder / LEDGER_FILE
     if old is not None and ledger_path.is_file() and old.get("version") != queue["version"]:
-        requeue_ledger(ledger_path, old, queue)
+        requeue_ledger(ledger_path, old, queue)   # first: if it fails, the old queue is still here
+    campaign_queue.write_json(path, queue)
+    print(f"wrote {path}: {len(queue['entries'])} entries, version {queue['version']}")
     return 0
 
 
@@ -419,11 +425,14 @@ def requeue_ledger(path: Path, old: dict, queue: dict) -> None:
     if ledger.get("queue_version") == queue["version"]:
         return
     runs_dir = path.parent / RUNS_DIR
+    moved = {k: new for k, new in moves.items() if new != k and (runs_dir / k).is_dir()}
+    for k in moved:   # two phases: a run may take the key another recorded run is leaving
+        (runs_dir / k).rename(runs_dir / f".requeue_{k}")
     for k, new in moves.items():
         if new == k:
             continue
-        if (runs_dir / k).is_dir():
-            (runs_dir / k).rename(runs_dir / new)
+        if k in moved:
+            (runs_dir / f".requeue_{k}").rename(runs_dir / new)
             meta_path = runs_dir / new / "campaign.json"
             meta = campaign_queue.read_json(meta_path, "run note")
             meta.setdefault("requeued", []).append({"key": meta.get("key"), "queue_version": ledger.get("queue_version")})

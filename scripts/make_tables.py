@@ -27,7 +27,9 @@ Rules
    source and model) but split rows within a column.
 3. Learning rate, ``--lr-rule`` (the paper tunes it in {0.1, 0.01, 0.001} and says it used "the
    same random seed, learning rate and total number of iterations in all of our experiments"):
-   per-cell (default): each (dataset, level, row) reports the lr with the best mean val metric;
+   per-cell (default): each (dataset, level, row) reports the lr with the best mean val metric
+   over the seeds every lr of that cell ran (every seed when all lrs ran the same seeds; seed 0
+   in the campaign, whose seeds 1-2 run only at seed 0's choice: campaign_order.py);
    global: one lr for the whole table, the best mean over cells of the cell's val mean, counting
    only the cells every lr ran (all cells if none did); none: lr is an ordinary key (own rows).
    The val metric is the val_ version of the table's metric at the reported step; ties go to more
@@ -347,7 +349,12 @@ def select(runs: list[Run], rule: str, val_name: str, log) -> tuple[list[Cell], 
         if empty:
             log(f"not placed, no run at the selected lr {best:g}: cells {', '.join(empty)}")
     else:
-        chosen = {k: max(o, key=lambda lr: (val_mean(o[lr]), len(o[lr]), _lr_order(lr)))
+        def shared_mean(o, lr):   # compare lrs on the seeds every lr of the cell ran (all of them
+            # when no seed is shared): with the campaign's seeds 1-2 at seed 0's choice only, the
+            # choice is seed 0's, so the lr reported is the one all three seeds ran at
+            seeds = set.intersection(*({str(r.seed) for r in rs} for rs in o.values()))
+            return val_mean([r for r in o[lr] if str(r.seed) in seeds] or o[lr])
+        chosen = {k: max(o, key=lambda lr: (shared_mean(o, lr), len(o[lr]), _lr_order(lr)))
                   if len(o) > 1 else next(iter(o)) for k, o in options.items()}
         lrs = set(chosen.values())
         caption = (f"lr {lrs.pop():g}" if len(lrs) == 1 else "lr named in each cell or row") + (

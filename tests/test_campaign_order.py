@@ -127,3 +127,57 @@ def test_the_augmented_arm_has_its_own_rows_and_pending_counts(tmp_path):
     assert row_name(paper) == "ce" and row_name(aug) == "ce (regime=augmented)"
     count = expected_cells(queue_of(paper, aug), "binary", "neg_keep", None, {"a"})
     assert count == {(("d", 0.1), "ce"): (1, 0), (("d", 0.1), "ce (regime=augmented)"): (1, 1)}
+
+
+def test_the_table_reports_the_lr_seed_0_chose_with_all_its_seeds():
+    """make_tables' per-cell rule compares lrs on the seeds every lr ran: with seeds 1-2 only at
+    seed 0's choice, a weaker mean at that lr does not hand the cell to another lr's single run."""
+    import make_tables
+
+    def run(lr, seed, val):
+        return make_tables.Run(Path(f"/x/{lr}_{seed}/results.json"), "ce", ("d", 0.1), lr, seed, 70.0, val, {},
+                               label="ce")
+    runs = [run(0.1, 0, 80.0), run(0.1, 1, 76.0), run(0.1, 2, 77.0), run(0.01, 0, 79.0)]
+    (cell,), _ = make_tables.select(runs, "per-cell", "val_auc", lambda m: None)
+    assert cell.lr == 0.1 and len(cell.runs) == 3
+    # every lr at every seed: the mean over all of them, as before
+    runs += [run(0.01, 1, 79.0), run(0.01, 2, 79.0)]
+    (cell,), _ = make_tables.select(runs, "per-cell", "val_auc", lambda m: None)
+    assert cell.lr == 0.01 and len(cell.runs) == 3
+
+
+def test_requeue_moves_runs_whose_new_keys_cross(tmp_path):
+    """Run a takes key b while run b moves to c: the folders move in two phases."""
+    for key in ("a", "b"):
+        (tmp_path / "runs" / key).mkdir(parents=True)
+        (tmp_path / "runs" / key / "campaign.json").write_text(json.dumps({"key": key}))
+        (tmp_path / "runs" / key / "metrics.csv").write_text(key)
+    ledger = {"queue_version": "q-old", "runs": {"a": {"status": "done"}, "b": {"status": "done"}}, "attempts": []}
+    (tmp_path / "ledger.json").write_text(json.dumps(ledger))
+    old = {"version": "q-old", "entries": [{"key": "a", "config_sha": "S1", "tables": ["binary"]},
+                                           {"key": "b", "config_sha": "S2", "tables": ["binary"]}]}
+    new = {"version": "q-new", "entries": [{"key": "b", "config_sha": "S1", "tables": ["binary"]},
+                                           {"key": "c", "config_sha": "S2", "tables": ["binary"]}]}
+    campaign.requeue_ledger(tmp_path / "ledger.json", old, new)
+    assert (tmp_path / "runs" / "b" / "metrics.csv").read_text() == "a"
+    assert (tmp_path / "runs" / "c" / "metrics.csv").read_text() == "b"
+    assert not (tmp_path / "runs" / "a").exists()
+    moved = json.loads((tmp_path / "ledger.json").read_text())
+    assert moved["queue_version"] == "q-new" and set(moved["runs"]) == {"b", "c"}
+
+
+def test_a_stale_entry_in_the_probe_window_falls_back_to_the_default_mode(monkeypatch):
+    """The selector builds its pack from the first entries before the plan verifies them: one that
+    no longer composes must not end the command (the default mode, and why)."""
+    import types
+
+    import gpu_tables
+    good = {"key": "g", "objective": "ce", "overrides": ["dataset=digits", "model=mlp", "objective=ce"],
+            "experiment": "table1_binary"}
+    bad = {**good, "key": "stale", "overrides": [*good["overrides"], "trainer.no_such_key=1"]}
+    args = types.SimpleNamespace(select_mode=True, probe_n=8, probe_window=48, probe_reps=1, max_pack=None,
+                                 cuda_graph=False, select_budget_s=1.0, pack_mode="auto", pack_select=None)
+    monkeypatch.setattr(gpu_tables, "measure", lambda *a, **k: {"step_ms_per_run_ce": 1.0, "eval_ms": 1.0})
+    speed, _ = campaign.probe([good, bad], ["device=cpu"], args)
+    assert args.pack_mode == "auto" and "did not build" in args.pack_select["fell_back"]
+    assert speed["step_ms_per_run_ce"] == 1.0
