@@ -92,9 +92,21 @@ def test_lr_selection_uses_the_seed_mean_of_validation(tmp_path, capsys):
     fake_run(tmp_path / "a0", seed=0, lr=0.1, val=0.90, test=0.80)  # best single val run ...
     fake_run(tmp_path / "a1", seed=1, lr=0.1, val=0.50, test=0.60)  # ... but mean val 0.70
     fake_run(tmp_path / "b0", seed=0, lr=0.01, val=0.75, test=0.65)
+    fake_run(tmp_path / "b1", seed=1, lr=0.01, val=0.75, test=0.67)
     lines, _ = table(capsys, tmp_path)
-    assert lines[-1] == "| auc_lp | 65.0 (n=1) [paper 72.5] |"
+    assert lines[-1] == "| auc_lp | 66.0 ± 1.4 (n=2) [paper 72.5] |"
     assert "lr 0.01 (--lr-rule per-cell: best mean val_auc per cell)." in lines
+
+
+def test_lr_selection_compares_lrs_on_the_seeds_they_share(tmp_path, capsys):
+    # seed 0 chose lr 0.1 and only it ran seed 1 (the campaign's order): its two-seed mean (0.70)
+    # is below lr 0.01's one seed (0.75), but on the shared seed 0 lr 0.1 is ahead (0.90)
+    fake_run(tmp_path / "a0", seed=0, lr=0.1, val=0.90, test=0.80)
+    fake_run(tmp_path / "a1", seed=1, lr=0.1, val=0.50, test=0.60)
+    fake_run(tmp_path / "b0", seed=0, lr=0.01, val=0.75, test=0.65)
+    lines, _ = table(capsys, tmp_path)
+    assert lines[-1] == "| auc_lp | 70.0 ± 14.1 (n=2) [paper 72.5] |"
+    assert "lr 0.1 (--lr-rule per-cell: best mean val_auc per cell)." in lines
 
 
 def test_global_rule_reports_cells_without_the_chosen_lr(tmp_path, capsys):
