@@ -96,25 +96,29 @@ def seed_everything(seed: int) -> None:
 OTHER_BN_PREFIX = {"train": "bntrain_", "eval": "bneval_"}
 
 
-def evaluate(model, bundle, split: str, cfg: DictConfig, device) -> dict[str, float]:
+def evaluate(model, bundle, split: str, cfg: DictConfig, device,
+             predict_fn: Callable | None = None) -> dict[str, float]:
     """Metrics of ``split`` with BatchNorm in the ``trainer.eval_bn`` mode (batches of
     ``trainer.eval_batch_size``); for ``test`` also in the other mode, under the keys
     ``bntrain_<metric>`` (batches of ``trainer.bntrain_batch_size``: the authors' evaluation,
     binary_auc.py of zihangm/nondecomposable-as-lp) or, for an ``eval_bn=train`` run,
     ``bneval_<metric>``. A run records both because it cannot recover either later without its
     checkpoints. Neither mode touches the model's running statistics, its mode or any global RNG
-    (:func:`builders.predict`), so the training trajectory is the same as without the second."""
+    (:func:`builders.predict`), so the training trajectory is the same as without the second.
+    ``predict_fn`` (default :func:`builders.predict`) gives the logits: the packed launcher passes
+    one that serves a whole pack's logits from one pass (:mod:`packed.evaluate`)."""
     own = cfg.trainer.get("eval_bn", "eval")
-    out = _scored(model, bundle, split, device, own, cfg.trainer.eval_batch_size)
+    fn = predict_fn or predict
+    out = _scored(fn, model, bundle, split, device, own, cfg.trainer.eval_batch_size)
     if split == "test":
         other = "eval" if own == "train" else "train"
         batch = cfg.trainer.get("bntrain_batch_size", 32) if other == "train" else cfg.trainer.eval_batch_size
-        out |= {OTHER_BN_PREFIX[other] + k: v for k, v in _scored(model, bundle, split, device, other, batch).items()}
+        out |= {OTHER_BN_PREFIX[other] + k: v for k, v in _scored(fn, model, bundle, split, device, other, batch).items()}
     return out
 
 
-def _scored(model, bundle, split: str, device, bn_mode: str, batch_size: int) -> dict[str, float]:
-    logits, labels = predict(model, getattr(bundle, split), batch_size=batch_size, device=device, bn_mode=bn_mode)
+def _scored(predict_fn: Callable, model, bundle, split: str, device, bn_mode: str, batch_size: int) -> dict[str, float]:
+    logits, labels = predict_fn(model, getattr(bundle, split), batch_size=batch_size, device=device, bn_mode=bn_mode)
     return metrics.evaluate(labels, logits, bundle.task)
 
 
@@ -262,11 +266,11 @@ class Run:
         self.scheduler = build_scheduler(cfg.scheduler, self.optimizer)
 
     def evaluate(self, step: int, losses: list[float], timings: dict,
-                 rng: Callable[[], dict] | None = None) -> dict[str, Any]:
+                 rng: Callable[[], dict] | None = None, predict_fn: Callable | None = None) -> dict[str, Any]:
         """Evaluate at ``step``, append the row and write metrics, best and last checkpoint.
 
         ``rng`` (default :func:`rng_state`) is called after the evaluation: the checkpoint holds
-        the RNG state the next training step starts from.
+        the RNG state the next training step starts from. ``predict_fn``: see :func:`evaluate`.
 
         Raises :class:`DegenerateBatchesError` if the interval's batches were all degenerate."""
         cfg, run_dir = self.cfg, self.run_dir
@@ -274,7 +278,7 @@ class Run:
                "train_loss": statistics.fmean(losses) if losses else math.nan}
         for split in self.eval_splits:
             row.update({f"{split}_{k}": v
-                        for k, v in evaluate(self.model, self.bundle, split, cfg, self.device).items()})
+                        for k, v in evaluate(self.model, self.bundle, split, cfg, self.device, predict_fn).items()})
         row.update(self.objective.pop_stats())
         check_degenerate(row, (self.rows[-1]["step"] if self.rows else 0) + 1, cfg,
                          self.bundle.stats["train"]["class_counts"])

@@ -19,12 +19,11 @@ buffers, as predict runs a copy of the model), no global RNG moved, the pack's m
 
 Metrics. They are the run's own: :meth:`train.Run.evaluate` runs per run as before (its row, lr,
 train loss, objective statistics, the degenerate-batch check, ``metrics.csv``, ``best.pt``,
-``last.pt``), and :meth:`PackEvaluator.serving` hands the pack's logits to its
-:func:`train.evaluate` -> :func:`train._scored` -> ``predict`` call: for that call ``train.predict``
-looks the request up (model, dataset, batch size, BN mode) and returns the pack's logits and
-labels, so ``metrics.evaluate`` (score per task: the margin ``l_1 - l_0`` for binary, softmax for
-AUC_mu) sees what it would have seen; a request it does not hold goes to :func:`builders.predict`.
-(``train.py`` has no hook for precomputed logits; this substitution is scoped to the call.)
+``last.pt``), and :meth:`PackEvaluator.serving` yields the ``predict_fn`` it passes to
+:func:`train.evaluate`: it looks each request up (model, dataset, batch size, BN mode) and returns
+the pack's logits and labels, so ``metrics.evaluate`` (score per task: the margin ``l_1 - l_0``
+for binary, softmax for AUC_mu) sees what it would have seen; a request it does not hold goes to
+:func:`builders.predict`.
 
 Which runs. Runs of a pack share the model architecture, input shape and classes, dataset name
 and task (:data:`packed.launch.PACK_KEYS`), not their splits (each run's seed draws its val
@@ -57,7 +56,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -65,7 +64,7 @@ import torch
 from torch import nn
 
 import train
-from builders import BN_MODES
+from builders import BN_MODES, predict
 from data.stream import gather
 from packed.model import PackedModels
 
@@ -166,9 +165,9 @@ class PackEvaluator:
     Example::
 
         >>> evaluator = PackEvaluator(packed, device)
-        >>> with evaluator.serving({i: runs[i] for i in due}):
-        ...     for i in due:
-        ...         runs[i].evaluate(step, losses[i], timings)   # train.py's evaluation, pack logits
+        >>> with evaluator.serving({i: runs[i] for i in due}) as predict_fn:
+        ...     for i in due:   # train.py's evaluation, the pack's logits
+        ...         runs[i].evaluate(step, losses[i], timings, predict_fn=predict_fn)
     """
 
     def __init__(self, packed: PackedModels, device: torch.device | str, enabled: bool = True) -> None:
@@ -200,10 +199,11 @@ class PackEvaluator:
         return table
 
     @contextlib.contextmanager
-    def serving(self, runs: dict[int, Any]) -> Iterator[None]:
-        """Within the block, :func:`train.evaluate` of the runs of ``runs`` (pack row ->
-        :class:`train.Run`) gets the pack's logits (computed on entry) where it has them and
-        :func:`builders.predict`'s otherwise."""
+    def serving(self, runs: dict[int, Any]) -> Iterator[Callable | None]:
+        """The ``predict_fn`` for :func:`train.evaluate` of the runs of ``runs`` (pack row ->
+        :class:`train.Run`) within the block: the pack's logits (computed on entry) where it has
+        them and :func:`builders.predict`'s otherwise; ``None`` (predict itself) when the pack's
+        pass is off or failed."""
         table: dict = {}
         if self.enabled and len(runs) > 1:
             try:
@@ -217,23 +217,18 @@ class PackEvaluator:
                     torch.cuda.empty_cache()
         if not table:
             self.missed += sum(len(requests(r)) for r in runs.values())
-            yield
+            yield None
             return
-        original = train.predict
 
-        def predict(model, dataset, *, batch_size=512, device="cpu", bn_mode="eval"):
+        def served(model, dataset, *, batch_size=512, device="cpu", bn_mode="eval"):
             hit = table.pop((id(model), id(dataset), batch_size, bn_mode), None)
             if hit is None:
                 self.missed += 1
-                return original(model, dataset, batch_size=batch_size, device=device, bn_mode=bn_mode)
+                return predict(model, dataset, batch_size=batch_size, device=device, bn_mode=bn_mode)
             self.served += 1
             return hit
 
-        train.predict = predict
-        try:
-            yield
-        finally:
-            train.predict = original
+        yield served
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -339,11 +339,12 @@ class _LossLog:
         self.rows = []
 
 
-def _evaluate(m: _Member, i: int, step: int, stepper: PackedStep, times: dict) -> None:
-    """``train.py``'s evaluation of run ``i``; an all-empty interval freezes it (recorded)."""
+def _evaluate(m: _Member, i: int, step: int, stepper: PackedStep, times: dict, predict_fn=None) -> None:
+    """``train.py``'s evaluation of run ``i`` (its logits from ``predict_fn``, default
+    :func:`builders.predict`); an all-empty interval freezes it (recorded)."""
     torch.set_rng_state(m.rng)   # the run's own state, as train.py's checkpoint holds it
     try:
-        m.run.evaluate(step, m.losses, times, train.rng_state)
+        m.run.evaluate(step, m.losses, times, train.rng_state, predict_fn=predict_fn)
     except DegenerateBatchesError as err:
         stepper.divergences[i] = Divergence(step, f"DegenerateBatchesError: {err}")
         log.warning(f"{m.job.name}: stopped at step {step}: {err}")
@@ -357,9 +358,9 @@ def _evaluate_runs(members: list[_Member], due: list[int], step: int, stepper: P
     """:func:`_evaluate` of the live runs among ``due``, their logits from one pass of the pack
     where the evaluator can (:class:`packed.evaluate.PackEvaluator`)."""
     live = [i for i in due if i not in stepper.divergences]
-    with evaluator.serving({i: members[i].run for i in live}):
+    with evaluator.serving({i: members[i].run for i in live}) as predict_fn:
         for i in live:
-            _evaluate(members[i], i, step, stepper, times)
+            _evaluate(members[i], i, step, stepper, times, predict_fn)
 
 
 def _train_pack(members: list[_Member], deadline: float | None = None,

@@ -151,9 +151,10 @@ def test_evaluate_leaves_the_model_its_mode_and_every_rng_untouched(eval_run):
     assert all(np.array_equal(a, b) for a, b in zip(rng["numpy"], after["numpy"]))
 
 
-def own_mode_only(model, bundle, split, cfg, device):
+def own_mode_only(model, bundle, split, cfg, device, predict_fn=None):
     """train.evaluate before it scored the other mode: the run's own columns only."""
-    return train._scored(model, bundle, split, device, cfg.trainer.eval_bn, cfg.trainer.eval_batch_size)
+    return train._scored(predict_fn or train.predict, model, bundle, split, device, cfg.trainer.eval_bn,
+                         cfg.trainer.eval_batch_size)
 
 
 def assert_same_trajectory(with_extra: Path, without: Path) -> None:

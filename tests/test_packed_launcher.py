@@ -112,10 +112,10 @@ def test_cifar10_packed_first_step_equals_train_py(compose_cfg, data_root, tmp_p
     evaluation on 64 images of each split keeps this under a minute."""
     evaluate = train.evaluate
 
-    def small_eval(model, bundle, split, cfg, device):
+    def small_eval(model, bundle, split, cfg, device, predict_fn=None):
         data = getattr(bundle, split)
         few = Subset(data, range(0, len(data), len(data) // 64))   # strided: splits are label-sorted
-        return evaluate(model, dataclasses.replace(bundle, **{split: few}), split, cfg, device)
+        return evaluate(model, dataclasses.replace(bundle, **{split: few}), split, cfg, device, predict_fn)
 
     monkeypatch.setattr(train, "evaluate", small_eval)
     base = ["dataset=cifar10", f"dataset.root={data_root}", "trainer.max_steps=2",
