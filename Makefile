@@ -6,10 +6,13 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test test-all install clean
 
-$(STAMP): requirements.txt requirements-nodeps.txt
+# the pins, then this checkout as the editable package `lpmetrics` (pyproject.toml; --no-deps: the
+# pins above are the dependencies, --no-build-isolation: the pinned setuptools builds it offline)
+$(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -r requirements.txt
 	$(PY) -m pip install -q --no-deps -r requirements-nodeps.txt
+	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
 install: $(STAMP)

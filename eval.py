@@ -41,10 +41,11 @@ from matplotlib.figure import Figure
 from omegaconf import DictConfig, OmegaConf
 from sklearn.metrics import roc_curve
 
-import runfolder
-from atomic import atomic_write, atomic_write_json
-from builders import build_model, config_from_checkpoint, predict, resolve_device
-from metrics import auc_ova_per_class, evaluate, roc_scores
+from lpmetrics.run import runfolder
+from lpmetrics.run.targets import upgrade_targets
+from lpmetrics.run.atomic import atomic_write, atomic_write_json
+from lpmetrics.run.builders import build_model, config_from_checkpoint, predict, resolve_device
+from lpmetrics.metrics import auc_ova_per_class, evaluate, roc_scores
 
 SPLITS = ("test", "val")
 
@@ -107,6 +108,12 @@ def open_checkpoint(run_dir: Path | None, checkpoint: str | Path | None,
 
 
 def load_config(ckpt: dict, run_dir: Path | None) -> DictConfig:
+    """The run's resolved config, its ``_target_`` names in the package form (a run made before
+    the ``lpmetrics`` package names ``objectives.auc.AUCLoss``: :mod:`lpmetrics.run.targets`)."""
+    return upgrade_targets(_stored_config(ckpt, run_dir))
+
+
+def _stored_config(ckpt: dict, run_dir: Path | None) -> DictConfig:
     if "config" in ckpt:
         return config_from_checkpoint(ckpt)
     hydra_cfg = run_dir / ".hydra" / "config.yaml" if run_dir is not None else None
@@ -152,7 +159,7 @@ def evaluate_run(run_dir: str | Path | None, checkpoint: str | Path | None = Non
     (:func:`open_checkpoint`)."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-    from data import build_data  # heavy (torchvision sources); only needed here
+    from lpmetrics.data import build_data  # heavy (torchvision sources); only needed here
 
     run_dir = Path(run_dir) if run_dir is not None else None
     ckpt_path, ckpt = open_checkpoint(run_dir, checkpoint, trust)

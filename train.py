@@ -41,18 +41,18 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-import metrics
-import provenance
-import runfolder
-from builders import (autocast_dtype, build_model, build_scheduler, instantiate_runtime, predict,
+from lpmetrics import metrics
+from lpmetrics.run import provenance
+from lpmetrics.run import runfolder
+from lpmetrics.run.builders import (autocast_dtype, build_model, build_scheduler, instantiate_runtime, predict,
                       resolve_device, runtime_values)
-from data import build_data
-from data.stream import STREAM_VERSION, BatchStream
-from data.errors import DamagedDatasetError, DatasetNotFoundError, SplitError
-from objectives.base import draws_batches
-from guards import (DegenerateBatchesError, DegenerateBatchesWarning, NonFiniteLossError,  # noqa: F401
+from lpmetrics.data import build_data
+from lpmetrics.data.stream import STREAM_VERSION, BatchStream
+from lpmetrics.data.errors import DamagedDatasetError, DatasetNotFoundError, SplitError
+from lpmetrics.objectives.base import draws_batches
+from lpmetrics.run.guards import (DegenerateBatchesError, DegenerateBatchesWarning, NonFiniteLossError,  # noqa: F401
                     check_degenerate, degenerate_summary, nonfinite_message)
-from validate import ConfigError, validate
+from lpmetrics.run.validate import ConfigError, validate
 
 PRIMARY_METRIC = {"binary": "auc", "multiclass": "auc_mu"}
 TIMED_PHASES = ("data", "forward", "loss", "backward", "optimizer")

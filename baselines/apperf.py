@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import torch
 
-from objectives.base import Objective
+from lpmetrics.objectives.base import Objective
 
 
 def _f1_metric():

@@ -46,8 +46,8 @@ import torch
 from scipy.optimize import linprog
 from torch import nn
 
-from objectives.auc import AUCLoss
-from objectives.common import zero_loss
+from lpmetrics.objectives.auc import AUCLoss
+from lpmetrics.objectives.common import zero_loss
 
 # scipy's linprog status codes -> the solver's LPSolverError kinds
 _STATUS = {1: "not_converged", 2: "infeasible", 3: "unbounded", 4: "not_converged"}
@@ -101,7 +101,7 @@ class HighsLP:
 
     def solve(self, C: np.ndarray) -> np.ndarray:
         """``C [B, n]`` float64 -> optimal vertices ``[B, n]``; raises ``LPSolverError``."""
-        from solver.errors import LPSolverError
+        from lpmetrics.solver.errors import LPSolverError
         C = np.asarray(C, dtype=np.float64).reshape(-1, self.n)
         Z = np.empty_like(C)
         for k, c in enumerate(C):

@@ -51,9 +51,9 @@ import torch
 from diffcp.cone_program import SolverError
 from torch import nn
 
-from objectives.auc import AUCLoss
-from objectives.pairwise import neg_identity
-from objectives.ratio import F1LPLoss
+from lpmetrics.objectives.auc import AUCLoss
+from lpmetrics.objectives.pairwise import neg_identity
+from lpmetrics.objectives.ratio import F1LPLoss
 
 # our name -> diffcp's ``solve_method`` (cvxpylayers 1.2 hands the cone program to diffcp)
 SOLVERS = {"SCS": "SCS", "CLARABEL": "Clarabel", "ECOS": "ECOS"}
@@ -76,7 +76,7 @@ class CvxpySolution:
 
 def _diagonal_of(A) -> torch.Tensor | None:
     """The diagonal of a solver ``DiagonalOperator`` (``None`` for anything else)."""
-    from solver import DiagonalOperator
+    from lpmetrics.solver import DiagonalOperator
     return A.d if isinstance(A, DiagonalOperator) else None
 
 
@@ -177,7 +177,7 @@ class CvxpyLP(nn.Module):
                 warnings.filterwarnings("ignore", category=DeprecationWarning, module="cvxpylayers")
                 (z,) = layer(*data, solver_args=args)
         except SolverError as err:
-            from solver.errors import LPSolverError
+            from lpmetrics.solver.errors import LPSolverError
             status = str(err).lower()
             kind = next((k for k in ("infeasible", "unbounded") if k in status), "not_converged")
             raise LPSolverError(f"cvxpylayers/{self.solver}: {err} (LP with m={m}, n={n}, "

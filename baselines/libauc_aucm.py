@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from objectives.base import Objective
+from lpmetrics.objectives.base import Objective
 
 
 class LibAUCAUCM(Objective):

@@ -43,7 +43,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from baselines.blackbox import HighsLP
+from lpmetrics.baselines.blackbox import HighsLP
 
 
 class _PerturbedFn(torch.autograd.Function):

@@ -61,8 +61,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from objectives.base import Objective
-from objectives.common import binary_scores, check_labels
+from lpmetrics.objectives.base import Objective
+from lpmetrics.objectives.common import binary_scores, check_labels
 
 
 def square_auc_minmax(h: torch.Tensor, labels: torch.Tensor, a: torch.Tensor, b: torch.Tensor,

@@ -78,9 +78,9 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from baselines.surrogate_targets import target_loss
-from objectives.base import Objective
-from objectives.common import binary_scores, check_labels
+from lpmetrics.baselines.surrogate_targets import target_loss
+from lpmetrics.objectives.base import Objective
+from lpmetrics.objectives.common import binary_scores, check_labels
 
 MODES = ("universal", "scratch", "refined")
 BETA_SCORES = ("fresh", "stale")

@@ -2,7 +2,7 @@
 
 Public API::
 
-    from data import build_data, DatasetNotFoundError, SplitError
+    from lpmetrics.data import build_data, DatasetNotFoundError, SplitError
     bundle = build_data(cfg.dataset, seed)      # train / val / test datasets, stats, shapes
 
 Modules, one concept each:
@@ -20,7 +20,7 @@ Modules, one concept each:
 * :mod:`data.tabular` -- scikit-learn digits (offline default) and svmlight files.
 * :mod:`data.synthetic` -- Song et al. 2016's random ReLU-teacher data.
 """
-from data.build import DataBundle, build_data
-from data.errors import DatasetNotFoundError, SplitError
+from lpmetrics.data.build import DataBundle, build_data
+from lpmetrics.data.errors import DatasetNotFoundError, SplitError
 
 __all__ = ["build_data", "DataBundle", "DatasetNotFoundError", "SplitError"]

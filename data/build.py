@@ -7,10 +7,10 @@ from typing import Any, Mapping
 import numpy as np
 from torch.utils.data import Dataset
 
-from data.datasets import ImageDataset, TabularDataset
-from data.imbalance import relabel
-from data.source import SourceData
-from data.splits import build_splits
+from lpmetrics.data.datasets import ImageDataset, TabularDataset
+from lpmetrics.data.imbalance import relabel
+from lpmetrics.data.source import SourceData
+from lpmetrics.data.splits import build_splits
 
 
 @dataclass
@@ -97,7 +97,7 @@ def build_data(cfg_dataset: Any, seed: int) -> DataBundle:
     Example::
 
         >>> bundle = build_data({"name": "digits", "task": "binary", "neg_keep": 0.1,
-        ...                      "val_size": 360, "source": {"_target_": "data.tabular.digits"}}, 0)
+        ...                      "val_size": 360, "source": {"_target_": "lpmetrics.data.tabular.digits"}}, 0)
         >>> bundle.input_shape, bundle.num_classes, round(bundle.stats["train"]["pos_fraction"], 2)
         ((64,), 2, 0.91)
     """

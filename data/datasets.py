@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from data.augment import CropFlip, crop_flip, draw_crop_flip
+from lpmetrics.data.augment import CropFlip, crop_flip, draw_crop_flip
 
 NORMALIZATIONS = ("per_channel", "per_image")
 

@@ -12,8 +12,8 @@ Kaggle images; pack only -- Kaggle's archive needs a login, so there is no downl
 """
 from __future__ import annotations
 
-from data import torchvision_format as tvf
-from data.source import ImageLayout, SourceData, image_source, locate
+from lpmetrics.data import torchvision_format as tvf
+from lpmetrics.data.source import ImageLayout, SourceData, image_source, locate
 
 CIFAR10 = ImageLayout("CIFAR-10", "cifar10.npz", "cifar-10-batches-py", tvf.CIFAR10_FILES,
                       tvf.read_cifar10, tvf.download_cifar10)

@@ -28,7 +28,7 @@ from typing import Sequence
 
 import numpy as np
 
-from data.errors import SplitError
+from lpmetrics.data.errors import SplitError
 
 
 def class_groups(num_classes: int, task: str,

@@ -28,8 +28,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from atomic import atomic_write
-from data.errors import DamagedDatasetError
+from lpmetrics.run.atomic import atomic_write
+from lpmetrics.data.errors import DamagedDatasetError
 
 PACK_KEYS = ("class_names", "train_buf", "train_off", "train_y", "test_buf", "test_off", "test_y")
 

@@ -18,8 +18,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from data.errors import DatasetNotFoundError
-from data.packed import load_pack
+from lpmetrics.data.errors import DatasetNotFoundError
+from lpmetrics.data.packed import load_pack
 
 
 @dataclass

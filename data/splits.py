@@ -37,8 +37,8 @@ from typing import Sequence
 import numpy as np
 from sklearn.model_selection import train_test_split
 
-from data.errors import SplitError
-from data.imbalance import class_groups, drop_fraction, first_after_shuffle, relabel, subsample
+from lpmetrics.data.errors import SplitError
+from lpmetrics.data.imbalance import class_groups, drop_fraction, first_after_shuffle, relabel, subsample
 
 #: ``dataset.split``: ``paper`` = val hold-out + stratified thinning; ``authors`` = the authors' code
 PROTOCOLS = ("paper", "authors")

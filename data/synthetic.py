@@ -36,7 +36,7 @@ from typing import Sequence
 
 import numpy as np
 
-from data.source import SourceData
+from lpmetrics.data.source import SourceData
 
 TEACHERS = ("relu", "linear")
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 from sklearn.model_selection import train_test_split
 
-from data.errors import DatasetNotFoundError
-from data.source import SourceData, data_root
+from lpmetrics.data.errors import DatasetNotFoundError
+from lpmetrics.data.source import SourceData, data_root
 
 
 def _fixed_test_split(x, y, test_fraction: float, seed: int):

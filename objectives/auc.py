@@ -61,8 +61,8 @@ from typing import Any
 
 import torch
 
-from objectives.common import binary_scores, check_labels, check_positive_class
-from objectives.pairwise import PAIR_LAYOUTS, PairwiseRampLP, check_pair_layout  # noqa: F401 -- re-exported
+from lpmetrics.objectives.common import binary_scores, check_labels, check_positive_class
+from lpmetrics.objectives.pairwise import PAIR_LAYOUTS, PairwiseRampLP, check_pair_layout  # noqa: F401 -- re-exported
 
 
 def auc_pairs(scores: torch.Tensor, labels: torch.Tensor, positive: int = 1) -> torch.Tensor | None:

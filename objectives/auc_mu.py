@@ -45,8 +45,8 @@ from typing import Any
 
 import torch
 
-from objectives.common import check_labels, class_scores
-from objectives.pairwise import PairwiseRampLP
+from lpmetrics.objectives.common import check_labels, class_scores
+from lpmetrics.objectives.pairwise import PairwiseRampLP
 
 REDUCTIONS = ("class_pairs", "pairs")
 

@@ -51,8 +51,8 @@ from typing import Any
 
 import torch
 
-from objectives.common import check_labels, class_scores
-from objectives.pairwise import PairwiseRampLP, check_pair_layout
+from lpmetrics.objectives.common import check_labels, class_scores
+from lpmetrics.objectives.pairwise import PairwiseRampLP, check_pair_layout
 
 REDUCTIONS = ("pairs", "classes")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from objectives.base import Objective
+from lpmetrics.objectives.base import Objective
 
 
 class CrossEntropy(Objective):

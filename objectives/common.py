@@ -106,7 +106,7 @@ def lp_logits(logits: torch.Tensor) -> torch.Tensor:
 def check_backward(backward: str) -> str:
     """``backward`` if ``solver.solve_lp`` has it (``active_set`` | ``unrolled``), else a
     ``ValueError`` at construction rather than at the first solve."""
-    from solver.solve import BACKWARDS
+    from lpmetrics.solver.solve import BACKWARDS
     if backward not in BACKWARDS:
         raise ValueError(f"backward must be one of {BACKWARDS}; got {backward!r}")
     return backward
@@ -133,7 +133,7 @@ def finite_positive(name: str, value: Any, hint: str = "") -> float:
 def check_solver_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
     """The objective's ``solver`` options as a dict, validated now (at construction) rather than
     at the first training step: ``objective.solver.tol=-1`` fails before any data is built."""
-    from solver import SolverOptions
+    from lpmetrics.solver import SolverOptions
     options = dict(options or {})
     SolverOptions.from_kwargs(options)
     return options
@@ -180,7 +180,7 @@ def capture_twin(objective, logits: torch.Tensor, labels: torch.Tensor, *, solve
     ``backward="unrolled"``, ``forward="highs"``, a warm start, a sketch, ...).  The trial's
     statistics are dropped."""
     import copy
-    from solver.errors import LPInputError
+    from lpmetrics.solver.errors import LPInputError
     twin = copy.deepcopy(objective)
     for name, value in attrs.items():
         setattr(twin, name, value)
@@ -200,5 +200,5 @@ def solve(c, A, b, A_eq=None, b_eq=None, *, backward: str = "active_set",
           options: Mapping[str, Any] | None = None):
     """``solver.solve_lp`` with the objective's ``solver`` options (imported late so the LP
     constructions stay importable and testable while ``solver/`` is being built)."""
-    from solver import solve_lp
+    from lpmetrics.solver import solve_lp
     return solve_lp(c, A, b, A_eq, b_eq, backward=backward, **dict(options or {}))

@@ -51,7 +51,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from solver.arrays import NUMPY, NUMPY_IEEE, TORCH
+from lpmetrics.solver.arrays import NUMPY, NUMPY_IEEE, TORCH
 
 SAFEGUARDS = ("drop_redundant", "none")
 SENSES = ("max", "min")

@@ -42,7 +42,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from objectives.common import solve, solver_stats
+from lpmetrics.objectives.common import solve, solver_stats
 
 METHODS = ("lp", "highs")
 

@@ -29,8 +29,8 @@ from typing import Any
 
 import torch
 
-from objectives.base import Objective
-from objectives.common import (DEVICE_STATS, capture_twin, check_backward, check_solver_options,
+from lpmetrics.objectives.base import Objective
+from lpmetrics.objectives.common import (DEVICE_STATS, capture_twin, check_backward, check_solver_options,
                                device_solver_stats, finite_positive, lp_logits, solve, solver_stats,
                                zero_loss)
 
@@ -50,7 +50,7 @@ def check_pair_layout(pair_layout: str) -> str:
 
 def neg_identity(m: int, like: torch.Tensor):
     """The constraint operator ``-I_m`` in the solver's structured diagonal form."""
-    from solver import DiagonalOperator
+    from lpmetrics.solver import DiagonalOperator
     return DiagonalOperator(-torch.ones(m, dtype=like.dtype, device=like.device))
 
 

@@ -88,11 +88,11 @@ from typing import Any
 
 import torch
 
-from objectives.base import Objective
-from objectives.common import (capture_twin, check_backward, check_labels, check_positive_class,
+from lpmetrics.objectives.base import Objective
+from lpmetrics.objectives.common import (capture_twin, check_backward, check_labels, check_positive_class,
                                check_solver_options, device_solver_stats, finite_positive, lp_logits,
                                solve, solver_stats, zero_loss)
-from objectives.fractional import SAFEGUARDS, box_bounds, charnes_cooper_lp
+from lpmetrics.objectives.fractional import SAFEGUARDS, box_bounds, charnes_cooper_lp
 
 PHI = ("softmax", "tanh", "softmax_st", "sign")
 BOUNDS = {"upper": ("max",), "lower": ("min",), "mid": ("max", "min")}

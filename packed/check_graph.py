@@ -33,14 +33,14 @@ import torch
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
-from builders import instantiate_runtime
-from models.mlp import MLP
-from models.resnet import resnet18
-from objectives.common import labels_checked
-from packed.graph import CudaGraph, GraphedStep, capture_form
-from packed.model import pack
-from packed.optim import unsupported
-from packed.step import PackedStep, param_groups
+from lpmetrics.run.builders import instantiate_runtime
+from lpmetrics.models.mlp import MLP
+from lpmetrics.models.resnet import resnet18
+from lpmetrics.objectives.common import labels_checked
+from lpmetrics.packed.graph import CudaGraph, GraphedStep, capture_form
+from lpmetrics.packed.model import pack
+from lpmetrics.packed.optim import unsupported
+from lpmetrics.packed.step import PackedStep, param_groups
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 OBJECTIVES = {"ce": ["scheduler.milestones=[3]"], "auc_lp": ["scheduler.milestones=[3]"],

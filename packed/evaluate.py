@@ -64,9 +64,9 @@ import torch
 from torch import nn
 
 import train
-from builders import BN_MODES, predict
-from data.stream import gather
-from packed.model import PackedModels
+from lpmetrics.run.builders import BN_MODES, predict
+from lpmetrics.data.stream import gather
+from lpmetrics.packed.model import PackedModels
 
 log = logging.getLogger(__name__)
 
@@ -242,9 +242,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     from omegaconf import OmegaConf
 
-    from data.datasets import ImageDataset
-    from models.resnet import resnet18
-    from packed.model import pack
+    from lpmetrics.data.datasets import ImageDataset
+    from lpmetrics.models.resnet import resnet18
+    from lpmetrics.packed.model import pack
 
     ap = argparse.ArgumentParser(description=main.__doc__)
     ap.add_argument("--n", type=int, default=4)

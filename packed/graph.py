@@ -45,7 +45,7 @@ from typing import Any
 
 import torch
 
-from packed.step import PackedStep, StepOutput
+from lpmetrics.packed.step import PackedStep, StepOutput
 
 
 def capture_form(objective, device: torch.device | str):

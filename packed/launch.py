@@ -91,15 +91,15 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 import train
-from builders import autocast_dtype, build_model, resolve_device
-from data.stream import BatchStream
-from runfolder import _flatten
-from guards import DegenerateBatchesError
-from objectives.common import labels_checked
-from packed.evaluate import PackEvaluator
-from packed.graph import GraphedStep, capturable, capture_form
-from packed.model import PackError, pack
-from packed.step import Divergence, PackedStep
+from lpmetrics.run.builders import autocast_dtype, build_model, resolve_device
+from lpmetrics.data.stream import BatchStream
+from lpmetrics.run.runfolder import _flatten
+from lpmetrics.run.guards import DegenerateBatchesError
+from lpmetrics.objectives.common import labels_checked
+from lpmetrics.packed.evaluate import PackEvaluator
+from lpmetrics.packed.graph import GraphedStep, capturable, capture_form
+from lpmetrics.packed.model import PackError, pack
+from lpmetrics.packed.step import Divergence, PackedStep
 
 log = logging.getLogger(__name__)
 

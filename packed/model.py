@@ -59,7 +59,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, vmap
 
-from packed import gemm
+from lpmetrics.packed import gemm
 
 
 #: How the packed forward runs: ``vmap`` (one grouped computation: the GPU's mode), ``loop``

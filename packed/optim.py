@@ -61,7 +61,7 @@ from __future__ import annotations
 
 import torch
 
-from packed.model import PackedModels
+from lpmetrics.packed.model import PackedModels
 
 #: the ``param_groups[0]`` keys :class:`PackedSGD` reads per run, in the order of its device rows
 HYPER = ("lr", "momentum", "dampening", "weight_decay")
@@ -275,8 +275,8 @@ def main(argv: list[str] | None = None) -> dict:
     import statistics
     import time
 
-    from models.resnet import resnet18
-    from packed.model import pack
+    from lpmetrics.models.resnet import resnet18
+    from lpmetrics.packed.model import pack
 
     ap = argparse.ArgumentParser(description=main.__doc__)
     ap.add_argument("--n", type=int, default=4)

@@ -129,7 +129,7 @@ def default_mode(device: torch.device) -> str:
 
 def candidates(model: torch.nn.Module) -> list[tuple[str, str | None]]:
     """``(mode, why it is unavailable or None)`` for the modes a pack of ``model`` can take."""
-    from packed import gemm
+    from lpmetrics.packed import gemm
     try:
         gemm.plan(model)
         why = None
@@ -208,7 +208,7 @@ def reference(trial: Trial) -> tuple[list[torch.Tensor], list[float], str]:
 
 
 def _sync_free_ctx(stepper):
-    from objectives.common import labels_checked
+    from lpmetrics.objectives.common import labels_checked
     return labels_checked() if stepper.sync_free else contextlib.nullcontext()
 
 
@@ -232,7 +232,7 @@ def _first_line(err: BaseException) -> str:
 def _time_rounds(runners: dict, trial: Trial, rows: dict, deadline: float) -> None:
     """Interleaved timing (module docstring, 2.) into ``rows[mode]``; a runner that raises is
     dropped with its error."""
-    from packed.speed import interleaved_ms
+    from lpmetrics.packed.speed import interleaved_ms
     x, y = trial.batches[0]
     steps = {k: iter(range(STEPS, 1 << 62)) for k in runners}
     samples: dict[str, list[float]] = {k: [] for k in runners}
@@ -280,7 +280,7 @@ def _gate(trial: Trial, mode: str, target: list[torch.Tensor], ref: list[float],
 def choose(trial: Trial, budget_s: float = BUDGET_S, cuda_graph: bool = False,
            modes: list[str] | None = None, start: float | None = None) -> dict:
     """Gate, time and choose among ``modes`` (default: :func:`candidates`) for ``trial``."""
-    from packed.launch import step_runner
+    from lpmetrics.packed.launch import step_runner
     start = time.monotonic() if start is None else start
     deadline = start + budget_s
     n, default = len(trial.names), default_mode(trial.device)
@@ -320,9 +320,9 @@ def trial_from_jobs(jobs: list, work: Path, max_pack: int | None = None, steps: 
     """The first pack the launcher would form of ``jobs`` (:class:`packed.launch.Job`), each run
     prepared as :func:`train.prepare_run` prepares it (run folders under ``work``)."""
     import train
-    from builders import autocast_dtype, resolve_device
-    from data.stream import BatchStream
-    from packed.launch import group, pack_key
+    from lpmetrics.run.builders import autocast_dtype, resolve_device
+    from lpmetrics.data.stream import BatchStream
+    from lpmetrics.packed.launch import group, pack_key
     runs = []
     for k, job in enumerate(jobs):
         if job.cfg.resume:
@@ -355,10 +355,10 @@ def _attached(run, model, objective) -> tuple:
 
 def _fresh_pack(runs: list, mode: str):
     """The pack as :func:`packed.launch.train_packed` builds it, from the runs' initial state."""
-    from builders import autocast_dtype
-    from packed.graph import capture_form
-    from packed.model import pack
-    from packed.step import PackedStep
+    from lpmetrics.run.builders import autocast_dtype
+    from lpmetrics.packed.graph import capture_form
+    from lpmetrics.packed.model import pack
+    from lpmetrics.packed.step import PackedStep
     device = runs[0].device
     objectives = [capture_form(copy.deepcopy(r.objective), device) for r in runs]
     packed = pack([copy.deepcopy(r.model) for r in runs], mode)
@@ -393,7 +393,7 @@ def select_mode(jobs: list, budget_s: float = BUDGET_S, max_pack: int | None = N
     except Exception as err:   # noqa: BLE001 -- the window trains with the default instead
         traceback.clear_frames(err.__traceback__)
         if device is None:
-            from builders import resolve_device
+            from lpmetrics.run.builders import resolve_device
             with contextlib.suppress(Exception):
                 device = resolve_device(jobs[0].cfg.device)
         default = default_mode(device or torch.device("cpu"))

@@ -22,11 +22,11 @@ from dataclasses import dataclass
 
 import torch
 
-from models.mlp import MLP
-from models.resnet import resnet18
-from objectives.ce import CrossEntropy
-from objectives.common import labels_checked
-from packed import PackedStep, pack, param_groups
+from lpmetrics.models.mlp import MLP
+from lpmetrics.models.resnet import resnet18
+from lpmetrics.objectives.ce import CrossEntropy
+from lpmetrics.objectives.common import labels_checked
+from lpmetrics.packed import PackedStep, pack, param_groups
 
 SGD = dict(lr=0.1, momentum=0.9, weight_decay=5e-4)   # optimizer=sgd's defaults
 

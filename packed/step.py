@@ -47,9 +47,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from objectives.base import draws_batches
-from packed.model import PackedModels
-from packed.optim import PackedSGD, unsupported
+from lpmetrics.objectives.base import draws_batches
+from lpmetrics.packed.model import PackedModels
+from lpmetrics.packed.optim import PackedSGD, unsupported
 
 
 #: sync-free mode's loss codes, in the words of ``train.py``'s ``f"loss is {loss.item()}"``

@@ -59,11 +59,11 @@ sys.path.insert(0, str(ROOT))
 
 from hydra.utils import instantiate  # noqa: E402
 
-from builders import instantiate_runtime  # noqa: E402
-from packed import PackError, pack  # noqa: E402
-from packed.graph import capture_form  # noqa: E402
-from packed.optim import PackedSGD, unsupported  # noqa: E402
-from packed.speed import build_runs, graph_ms, interleaved_ms, peak_memory_mb  # noqa: E402
+from lpmetrics.run.builders import instantiate_runtime  # noqa: E402
+from lpmetrics.packed import PackError, pack  # noqa: E402
+from lpmetrics.packed.graph import capture_form  # noqa: E402
+from lpmetrics.packed.optim import PackedSGD, unsupported  # noqa: E402
+from lpmetrics.packed.speed import build_runs, graph_ms, interleaved_ms, peak_memory_mb  # noqa: E402
 
 DEFAULT_N = [1, 8, 24, 48, 96]
 FORWARDS = ["vmap", "loop", "gemm"]   # pack forwards timed side by side (packed.model.MODES)

@@ -123,8 +123,8 @@ def auc_highs_value(d):
 
 def make_auc_call(method, batch, positives, dtype, device, seed=0):
     """A callable doing one forward(+backward) and returning the LP objective ``1^T z``."""
-    from objectives.auc import auc_pairs
-    from objectives.pairwise import neg_identity, ramp_lp
+    from lpmetrics.objectives.auc import auc_pairs
+    from lpmetrics.objectives.pairwise import neg_identity, ramp_lp
     s, y, w = auc_instance(batch, positives, dtype, device, seed)
     if method == "highs":
         import scipy.sparse as sp
@@ -135,12 +135,12 @@ def make_auc_call(method, batch, positives, dtype, device, seed=0):
             return highs(np.ones(d.size), A, d - EPS)[1]
         return call
     if method == "cvxpylayers":
-        from baselines.cvxpy_lp import CvxpyLP
+        from lpmetrics.baselines.cvxpy_lp import CvxpyLP
         layer = CvxpyLP(solver="SCS", n_jobs=1)
 
     if method in ("ours_csr", "ours_dense"):     # the general paths on the same LP
         import scipy.sparse as sp
-        from solver import solve_lp
+        from lpmetrics.solver import solve_lp
         M = w.numel()
         A = torch_csr(-sp.identity(M, format="csr"), dtype).to(device) if method == "ours_csr" \
             else -torch.eye(M, dtype=dtype, device=device)
@@ -166,7 +166,7 @@ def make_auc_call(method, batch, positives, dtype, device, seed=0):
 
 
 def make_f1_call(method, n, dtype, device, seed=0):
-    from objectives.ratio import F1LPLoss, phi_of_logits, PHI_MARGIN
+    from lpmetrics.objectives.ratio import F1LPLoss, phi_of_logits, PHI_MARGIN
     logits, labels = f1_instance(n, dtype, device, seed)
     if method == "highs":
         import scipy.sparse as sp
@@ -179,7 +179,7 @@ def make_f1_call(method, n, dtype, device, seed=0):
             return highs(*args)[1]
         return call
     if method == "cvxpylayers":
-        from baselines.cvxpy_lp import F1CvxpyLoss
+        from lpmetrics.baselines.cvxpy_lp import F1CvxpyLoss
         loss_fn = F1CvxpyLoss(n_jobs=1)
     else:
         loss_fn = F1LPLoss()
@@ -198,7 +198,7 @@ def make_sparse_call(method, n, dtype, device, seed=0):
     """Random sparse LP (:func:`random_sparse_lp`): ``newton`` / ``newton_highs`` = ``solve_lp``
     (``forward="newton"`` / ``forward="highs"``) fwd+bwd of ``sum(z * w)`` w.r.t. ``b``; ``highs`` =
     HiGHS's forward alone on the prebuilt scipy matrices."""
-    from solver import solve_lp
+    from lpmetrics.solver import solve_lp
     c, A, b, A_eq, b_eq = random_sparse_lp(n, seed)
     if method == "highs":
         return lambda: highs(c, A, b, A_eq, b_eq)[1]
@@ -305,10 +305,10 @@ def measure(spec):
 
 def accuracy(spec):
     """Max relative objective error of our solver vs HiGHS on the same data, f64 and f32."""
-    from objectives.auc import auc_pairs
-    from objectives.pairwise import ramp_lp
-    from objectives.ratio import F1LPLoss, PHI_MARGIN, phi_of_logits
-    from objectives.common import solve
+    from lpmetrics.objectives.auc import auc_pairs
+    from lpmetrics.objectives.pairwise import ramp_lp
+    from lpmetrics.objectives.ratio import F1LPLoss, PHI_MARGIN, phi_of_logits
+    from lpmetrics.objectives.common import solve
     device = torch.device(spec["device"])
     out = {}
     # the random sparse LPs are timed in float64 (bench_solver.cells): no float32 row

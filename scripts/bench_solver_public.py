@@ -31,8 +31,8 @@ import numpy as np
 import torch
 from scipy.optimize import linprog
 
-from solver import LPSolverError, solve_lp
-from solver.mps import read_mps, to_standard_form
+from lpmetrics.solver import LPSolverError, solve_lp
+from lpmetrics.solver.mps import read_mps, to_standard_form
 
 ACCURACY = 1e-6
 # the default; Newton alone (what "auto" starts with); Newton without equilibration

@@ -22,9 +22,9 @@ from hydra.utils import instantiate
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from builders import build_model, instantiate_runtime, resolve_device, runtime_values  # noqa: E402
-from data import build_data  # noqa: E402
-from data.stream import BatchStream  # noqa: E402
+from lpmetrics.run.builders import build_model, instantiate_runtime, resolve_device, runtime_values  # noqa: E402
+from lpmetrics.data import build_data  # noqa: E402
+from lpmetrics.data.stream import BatchStream  # noqa: E402
 
 
 def compose_cfg(overrides: list[str]):

@@ -139,7 +139,7 @@ def probe(entries: list[dict], extra: list[str], args) -> tuple[dict, object]:
     that mode (``mode`` in the speed), so the plan prices what will train."""
     import torch
 
-    from builders import resolve_device
+    from lpmetrics.run.builders import resolve_device
     first = entries[0]
     overrides = [*first["overrides"], *extra]
     cfg = gpu_tables.compose_job(overrides, first["experiment"])
@@ -196,7 +196,7 @@ def select_wanted(args, device) -> bool:
 
 def select_pack_mode(jobs: list, args) -> dict:
     """:func:`packed.select.select_mode` on the first pack of ``jobs``: its record."""
-    from packed.select import select_mode
+    from lpmetrics.packed.select import select_mode
     budget = {} if args.select_budget_s is None else {"budget_s": args.select_budget_s}
     record = select_mode(jobs, max_pack=args.max_pack, cuda_graph=args.cuda_graph, **budget)
     print(f"pack mode: {record['chosen']} ({record['fell_back'] or record['why']}; "
@@ -284,7 +284,7 @@ def run(args) -> int:
     the plan (its time then comes out of training, under the deadline); the packs train in the
     mode it chose, and ``plan.json``'s ``pack_mode`` holds its record with ``probed_mode`` (the
     mode the rates were measured in; ``None`` for rates without one)."""
-    from builders import resolve_device
+    from lpmetrics.run.builders import resolve_device
     start = time.monotonic()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

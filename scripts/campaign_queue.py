@@ -128,7 +128,7 @@ def cell_sha(config: dict) -> str:
 
 def composed_config(cfg) -> dict:
     """A composed config as ``results.json`` stores it (:func:`runfolder.portable_config`)."""
-    import runfolder
+    from lpmetrics.run import runfolder
     return runfolder.portable_config(cfg, ROOT)
 
 
@@ -153,8 +153,8 @@ def runs_on(cfg) -> tuple[str, str]:
     cvxpylayers, AP-Perf; or no capture-safe form yet), which no GPU window can run to 40k."""
     import torch
 
-    from builders import instantiate_runtime
-    from packed.graph import capture_form
+    from lpmetrics.run.builders import instantiate_runtime
+    from lpmetrics.packed.graph import capture_form
     k = 3 if cfg.dataset.get("task") == "multiclass" else 2
     try:
         objective = instantiate_runtime(cfg.objective, pos_ratio=0.5, num_classes=k, class_counts=[1] * k)

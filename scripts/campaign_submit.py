@@ -85,7 +85,7 @@ def check_composes(entries: list[dict], extra: list[str]) -> list[str]:
 def jobs_of(entries: list[dict], extra: list[str], work: Path) -> tuple[list, dict]:
     """The packed launcher's jobs of ``entries`` (composed with ``extra``; run folders under
     ``work``) and their run folders by key (``campaign.py run`` and the submitted jobs alike)."""
-    from packed.launch import Job
+    from lpmetrics.packed.launch import Job
     jobs, run_dirs = [], {}
     with composer() as compose:
         for e in entries:
@@ -101,7 +101,7 @@ def train_and_export(jobs: list, run_dirs: dict, out: Path, queue_version: str, 
     """Train the launcher's ``jobs`` as packs (:func:`packed.launch.train_packed`) and write their
     records to ``out/runs.jsonl.gz``, tagged with the queue version: what ``fold`` reads. Returns
     each job's outcome (its final step, or its exception)."""
-    from packed.launch import train_packed
+    from lpmetrics.packed.launch import train_packed
     outcomes = train_packed(jobs, max_pack=max_pack, deadline=deadline, cuda_graph=cuda_graph, mode=mode)
     gpu_tables.export(run_dirs, out, extra={"queue_version": queue_version, "run_id": run_id, "kind": kind})
     return outcomes

@@ -37,11 +37,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from models.resnet import resnet18  # noqa: E402
-from objectives.auc import AUCLoss  # noqa: E402
-from objectives.ce import CrossEntropy  # noqa: E402
-from objectives.common import labels_checked  # noqa: E402
-from packed import PackedStep, pack, param_groups  # noqa: E402
+from lpmetrics.models.resnet import resnet18  # noqa: E402
+from lpmetrics.objectives.auc import AUCLoss  # noqa: E402
+from lpmetrics.objectives.ce import CrossEntropy  # noqa: E402
+from lpmetrics.objectives.common import labels_checked  # noqa: E402
+from lpmetrics.packed import PackedStep, pack, param_groups  # noqa: E402
 
 SGD = dict(lr=0.1, momentum=0.9, weight_decay=5e-4)
 
@@ -176,7 +176,7 @@ def graph_check(models, data, device, make_objective=CrossEntropy) -> dict:
 def graphed_step_check(models, device, steps: int = 8) -> dict:
     """:class:`packed.graph.GraphedStep` (the launcher's ``cuda_graph=True``) against eager
     sync-free steps: runs of ``ce`` and the dense capture-safe AUC LP, an lr milestone at step 4."""
-    from packed.graph import GraphedStep
+    from lpmetrics.packed.graph import GraphedStep
     objectives = [CrossEntropy, dense_auc, CrossEntropy]
 
     def build():

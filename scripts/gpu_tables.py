@@ -69,12 +69,12 @@ def measure(cfg, overrides: list[str], device, pack_n: int, reps: int,
     from hydra.utils import instantiate
 
     import train
-    from builders import build_model, instantiate_runtime, runtime_values
-    from data import build_data
-    from packed.graph import GraphedStep, capture_form
-    from packed.launch import step_runner
-    from packed.model import MODES
-    from packed.speed import build_runs, runner_ms
+    from lpmetrics.run.builders import build_model, instantiate_runtime, runtime_values
+    from lpmetrics.data import build_data
+    from lpmetrics.packed.graph import GraphedStep, capture_form
+    from lpmetrics.packed.launch import step_runner
+    from lpmetrics.packed.model import MODES
+    from lpmetrics.packed.speed import build_runs, runner_ms
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}; got {mode!r}")
     bundle = build_data(cfg.dataset, seed=cfg.seed).to(device)
@@ -191,8 +191,8 @@ def tables(runs: Path, out: Path) -> None:
 
 def run(args) -> int:
     import torch
-    from builders import resolve_device
-    from packed.launch import Job, train_packed
+    from lpmetrics.run.builders import resolve_device
+    from lpmetrics.packed.launch import Job, train_packed
     start = time.monotonic()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

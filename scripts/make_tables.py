@@ -75,7 +75,8 @@ from campaign_cells import LEDGER_FILE, done_keys, expected_cells, find_queue, q
 from paper_numbers import PAPER
 
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
-from runfolder import ADDED_DEFAULTS  # noqa: E402 -- keys added later, with their old behaviour
+from lpmetrics.run.runfolder import ADDED_DEFAULTS  # noqa: E402 -- keys added later, with their old behaviour
+from lpmetrics.run.targets import is_target_key, short_target  # noqa: E402
 
 IGNORED = (  # config keys (and their sub-keys) that never define a protocol
     "seed",                     # the cell's sample axis: pooled, never split on
@@ -180,7 +181,8 @@ def ignored(key: str) -> bool:
 def protocol(config: dict) -> dict:
     """A run's flattened config minus the keys that never define a protocol (IGNORED), with the
     keys added later at their old behaviour: two runs of one protocol (any seed aside) agree on it."""
-    return {k: v for k, v in (ADDED_DEFAULTS | flatten(config)).items() if not ignored(k)}
+    flat = ADDED_DEFAULTS | {k: short_target(v) if is_target_key(k) else v for k, v in flatten(config).items()}
+    return {k: v for k, v in flat.items() if not ignored(k)}
 
 
 def code_version(res: dict) -> str:

@@ -35,10 +35,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from omegaconf import OmegaConf  # noqa: E402
 from torch import nn  # noqa: E402
 
-import runfolder  # noqa: E402
-from builders import instantiate_runtime  # noqa: E402
-from models.resnet import resnet18  # noqa: E402
-from objectives.nmf import NMFLayer  # noqa: E402
+from lpmetrics.run import runfolder  # noqa: E402
+from lpmetrics.run.builders import instantiate_runtime  # noqa: E402
+from lpmetrics.models.resnet import resnet18  # noqa: E402
+from lpmetrics.objectives.nmf import NMFLayer  # noqa: E402
 
 MEAN, STD = torch.tensor([0.4914, 0.4822, 0.4465]), torch.tensor([0.2470, 0.2435, 0.2616])
 

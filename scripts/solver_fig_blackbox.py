@@ -41,8 +41,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_solver_report import write_outputs  # noqa: E402
-from baselines.blackbox import BlackboxLP  # noqa: E402
-from solver import DiagonalOperator, solve_lp  # noqa: E402
+from lpmetrics.baselines.blackbox import BlackboxLP  # noqa: E402
+from lpmetrics.solver import DiagonalOperator, solve_lp  # noqa: E402
 
 EPS = 0.01
 N_POS = N_NEG = 8                 # 64 pairs per LP

@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_solver_measure import ROOT, _mallopt, dense_paper_auc, peak_memory_mb  # noqa: E402
 from bench_solver_report import write_outputs  # noqa: E402
 
-from objectives.auc import AUCLoss  # noqa: E402
+from lpmetrics.objectives.auc import AUCLoss  # noqa: E402
 
 POSITIVES = 0.91
 BATCHES = {"structured": [32, 64, 128, 200, 256, 512, 1024], "dense": [32, 64, 128, 200],
@@ -42,7 +42,7 @@ class DenseAUCLoss(AUCLoss):
     """``AUCLoss`` with the pairwise LP's ``A = -I`` materialised as a dense ``[M, M]`` tensor."""
 
     def solve_pairs(self, d):
-        from objectives.common import solve
+        from lpmetrics.objectives.common import solve
         A = -torch.eye(d.numel(), dtype=d.dtype, device=d.device)
         return solve(torch.ones_like(d), A, d - self.epsilon, options=self.solver_options).z
 
@@ -65,7 +65,7 @@ def pairs_of(batch):
 
 def step_fn(kind, batch, seed=0):
     """One training step as a closure (model, optimizer and data built here, outside it)."""
-    from models.resnet import resnet18
+    from lpmetrics.models.resnet import resnet18
     g = torch.Generator().manual_seed(seed)
     model = resnet18(num_classes=2, input_shape=[3, 32, 32], cifar_stem=False)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-4)

@@ -39,8 +39,8 @@ from scipy.optimize import linprog
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_solver_report import write_outputs  # noqa: E402
-from solver import solve_lp  # noqa: E402
-from solver.errors import LPNotConvergedWarning, LPSolverError  # noqa: E402
+from lpmetrics.solver import solve_lp  # noqa: E402
+from lpmetrics.solver.errors import LPNotConvergedWarning, LPSolverError  # noqa: E402
 
 N, M = 50, 2000
 SIZES = [25, 50, 100, 200, 400, 800, 1600]

@@ -63,8 +63,8 @@ def cosines(logits: torch.Tensor, labels: torch.Tensor, batches: list, name: str
 def split_logits(checkpoint: str, split: str):
     """Logits ``[N, K]`` and labels of ``split``, from a ``train.py`` checkpoint (eval.py's
     loading: the config stored in the checkpoint, the same data and model builders)."""
-    from builders import build_model, predict
-    from data import build_data
+    from lpmetrics.run.builders import build_model, predict
+    from lpmetrics.data import build_data
     from eval import load_config, open_checkpoint
     path, ckpt = open_checkpoint(None, checkpoint)
     cfg = load_config(ckpt, path.parent)

@@ -41,9 +41,9 @@ ROOT = Path(__file__).resolve().parents[1]
 import sys  # noqa: E402  (scripts/ runs from anywhere)
 sys.path.insert(0, str(ROOT))
 
-from builders import instantiate_runtime  # noqa: E402
-from metrics import average_precision  # noqa: E402
-from models.mlp import MLP  # noqa: E402
+from lpmetrics.run.builders import instantiate_runtime  # noqa: E402
+from lpmetrics.metrics import average_precision  # noqa: E402
+from lpmetrics.models.mlp import MLP  # noqa: E402
 
 FIGURES = {   # figure -> dataset overrides
     "fig3": ["dataset=synthetic"],

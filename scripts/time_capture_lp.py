@@ -26,9 +26,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from objectives.auc import auc_pairs            # noqa: E402
-from packed.speed import warm_on_side_stream    # noqa: E402
-from solver import DiagonalOperator, solve_lp   # noqa: E402
+from lpmetrics.objectives.auc import auc_pairs            # noqa: E402
+from lpmetrics.packed.speed import warm_on_side_stream    # noqa: E402
+from lpmetrics.solver import DiagonalOperator, solve_lp   # noqa: E402
 
 EPS = 0.01
 

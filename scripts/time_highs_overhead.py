@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
-from solver import highs, host_highs, solve_lp, square_active  # noqa: E402
+from lpmetrics.solver import highs, host_highs, solve_lp, square_active  # noqa: E402
 from time_sparse_lp import bench_family, random_sparse_lp, torch_csr  # noqa: E402
 
 warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")

@@ -18,9 +18,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from objectives.auc import AUCLoss                 # noqa: E402
-from objectives.common import labels_checked       # noqa: E402
-from packed.speed import interleaved_ms, warm_on_side_stream   # noqa: E402
+from lpmetrics.objectives.auc import AUCLoss                 # noqa: E402
+from lpmetrics.objectives.common import labels_checked       # noqa: E402
+from lpmetrics.packed.speed import interleaved_ms, warm_on_side_stream   # noqa: E402
 
 
 def variants(k: int, device: torch.device) -> dict:

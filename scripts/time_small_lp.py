@@ -40,7 +40,7 @@ CONFIGS = {"paper": {}, "recipe": {"phi": "softmax_st", "margin": 0.5}}
 def load_ratio(root: Path):
     """``objectives.ratio`` of the checkout at ``root``."""
     sys.path.insert(0, str(root))
-    return importlib.import_module("objectives.ratio")
+    return importlib.import_module("lpmetrics.objectives.ratio")
 
 
 def side(root: Path, args) -> dict:
@@ -117,7 +117,7 @@ def cvxpy_main(args):
     torch.set_num_threads(1)
     root = (args.code or ROOT).resolve()
     here = load_ratio(root)                          # before baselines: it imports objectives
-    from baselines.cvxpy_lp import F1CvxpyLoss
+    from lpmetrics.baselines.cvxpy_lp import F1CvxpyLoss
     data = batches(args.n, args.batches)
     losses = {"ours": here.F1LPLoss(), "cvxpylayers": F1CvxpyLoss(n_jobs=1)}
     with torch.no_grad():

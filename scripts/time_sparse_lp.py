@@ -44,10 +44,10 @@ import torch
 from scipy.optimize import linprog
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from solver import active_lu, highs, solve_lp, square_active  # noqa: E402
+from lpmetrics.solver import active_lu, highs, solve_lp, square_active  # noqa: E402
 
 try:        # (absent before 2026-11-27: this script also times older checkouts, copied there)
-    from solver import host_highs  # noqa: E402
+    from lpmetrics.solver import host_highs  # noqa: E402
 except ImportError:
     host_highs = None
 
@@ -134,8 +134,8 @@ def ours(c, A, b, w, backward=True, fresh=False, E=None, b_eq=None, **kw):
 
 def cvxpylayers_auc(c, b, w):
     """The paper's CVXPY-SCS layer on the same LP (``baselines/cvxpy_lp.py``; A = -I)."""
-    from baselines.cvxpy_lp import CvxpyLP
-    from objectives.pairwise import neg_identity
+    from lpmetrics.baselines.cvxpy_lp import CvxpyLP
+    from lpmetrics.objectives.pairwise import neg_identity
     layer = CvxpyLP(solver="SCS", n_jobs=1)
 
     def run():

@@ -8,15 +8,15 @@ for linear programming", JOTA 121; Mangasarian 2006, "Exact 1-norm support vecto
 via unconstrained convex differentiable minimization", JMLR 7; Meng et al. 2021, "Differentiable
 optimization of generalized nondecomposable functions using linear programs", NeurIPS.
 """
-from solver.errors import (LPInputError, LPNotConvergedWarning, LPSolverError,
+from lpmetrics.solver.errors import (LPInputError, LPNotConvergedWarning, LPSolverError,
                            LPTimeLimitError, MPSFormatError)
-from solver.layer import LPLayer
-from solver.operators import (DenseOperator, DiagonalOperator, LinearOperator, SparseOperator,
+from lpmetrics.solver.layer import LPLayer
+from lpmetrics.solver.operators import (DenseOperator, DiagonalOperator, LinearOperator, SparseOperator,
                               as_operator)
-from solver.options import SolverOptions
-from solver.solution import LPSolution
-from solver.solve import solve_lp
-from solver.stacked import HStackOperator, VStackOperator
+from lpmetrics.solver.options import SolverOptions
+from lpmetrics.solver.solution import LPSolution
+from lpmetrics.solver.solve import solve_lp
+from lpmetrics.solver.stacked import HStackOperator, VStackOperator
 
 __all__ = ["solve_lp", "LPLayer", "LPSolution", "LPSolverError", "LPInputError",
            "LPNotConvergedWarning", "LPTimeLimitError", "MPSFormatError", "SolverOptions", "LinearOperator", "DenseOperator",

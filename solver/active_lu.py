@@ -25,7 +25,7 @@ import scipy.sparse as sp
 import torch
 from scipy.sparse.linalg import splu
 
-from solver.scipy_ops import HostCSR, host_matrix, row_counts
+from lpmetrics.solver.scipy_ops import HostCSR, host_matrix, row_counts
 
 try:    # SuperLU as splu calls it (pinned scipy), without building a matrix for A and for U
     from scipy.sparse.linalg._dsolve._superlu import gstrf as _gstrf

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from solver.errors import LPTimeLimitError
-from solver.linsolve import SPARSE_MIN_N
+from lpmetrics.solver.errors import LPTimeLimitError
+from lpmetrics.solver.linsolve import SPARSE_MIN_N
 
 
 # forward="auto": share of max_seconds that Newton may spend before a hand-off to HiGHS

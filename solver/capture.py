@@ -46,16 +46,16 @@ from __future__ import annotations
 
 import torch
 
-from solver.capture_guess import solve_guess
-from solver.errors import LPInputError
-from solver.implicit import active_set_output
-from solver.linsolve import NewtonSystem, diag_scale
-from solver.newton import after_step, diagonal_direction, diagonal_gradient
-from solver.operators import DiagonalOperator
-from solver.problem import build_problem
-from solver.recover import recover
-from solver.solution import LPSolution
-from solver.solve import _merge, empty_solution
+from lpmetrics.solver.capture_guess import solve_guess
+from lpmetrics.solver.errors import LPInputError
+from lpmetrics.solver.implicit import active_set_output
+from lpmetrics.solver.linsolve import NewtonSystem, diag_scale
+from lpmetrics.solver.newton import after_step, diagonal_direction, diagonal_gradient
+from lpmetrics.solver.operators import DiagonalOperator
+from lpmetrics.solver.problem import build_problem
+from lpmetrics.solver.recover import recover
+from lpmetrics.solver.solution import LPSolution
+from lpmetrics.solver.solve import _merge, empty_solution
 
 METHOD = "diagonal"
 

@@ -40,12 +40,12 @@ from __future__ import annotations
 
 import torch
 
-from solver.errors import LPInputError
-from solver.implicit import active_set_output
-from solver.linsolve import NewtonSystem
-from solver.operators import DenseOperator
-from solver.recover import GUESS_TIGHT, Recovery, _certify, _kkt, _tight
-from solver.solution import LPSolution
+from lpmetrics.solver.errors import LPInputError
+from lpmetrics.solver.implicit import active_set_output
+from lpmetrics.solver.linsolve import NewtonSystem
+from lpmetrics.solver.operators import DenseOperator
+from lpmetrics.solver.recover import GUESS_TIGHT, Recovery, _certify, _kkt, _tight
+from lpmetrics.solver.solution import LPSolution
 
 METHOD = "cholesky"
 
@@ -130,7 +130,7 @@ def certify_fixed(prob, x, tol):
 def solve_guess(prob, c, opts, finite) -> LPSolution:
     """:func:`solver.solve_lp` with ``capture_safe=True`` and a ``vertex_guess`` on a general
     LP (see the module docstring); ``finite``: the 0-dim device flag of finite data."""
-    from solver.capture import device_stats   # (it imports this module)
+    from lpmetrics.solver.capture import device_stats   # (it imports this module)
     check_guess_call(prob, opts)
     x = opts.vertex_guess.detach().to(prob.dtype).reshape(-1, prob.n).expand(prob.B, prob.n)
     good = torch.isfinite(x).all(-1)

@@ -13,11 +13,11 @@ from dataclasses import replace
 
 import torch
 
-from solver.linsolve import choose_method, diag_scale
-from solver.newton import newton_penalty
-from solver.operators import DiagonalOperator
-from solver.problem import LPProblem
-from solver.stacked import VStackOperator
+from lpmetrics.solver.linsolve import choose_method, diag_scale
+from lpmetrics.solver.newton import newton_penalty
+from lpmetrics.solver.operators import DiagonalOperator
+from lpmetrics.solver.problem import LPProblem
+from lpmetrics.solver.stacked import VStackOperator
 
 
 def not_converged_message(opts, run, bad=None) -> str:
@@ -51,7 +51,7 @@ def _phase1(prob, opts, method, deadline=None):
 
 
 def _boxed_unbounded(prob, opts, method, z1, deadline=None):
-    from solver.solve import run_eps_loop  # local: solve imports this module
+    from lpmetrics.solver.solve import run_eps_loop  # local: solve imports this module
     R = 1e3 * (1.0 + z1.abs().amax(-1, keepdim=True)) * prob.h_scale.unsqueeze(-1)
     ones = torch.ones(prob.n, dtype=prob.dtype, device=prob.device)
     boxed = LPProblem(prob.c.detach(), VStackOperator([prob.A, DiagonalOperator(ones)]),

@@ -43,10 +43,10 @@ import scipy.sparse as sp
 import torch
 from scipy.optimize import linprog
 
-from solver.errors import LPInputError, LPNotConvergedWarning, LPSolverError, LPTimeLimitError
-from solver import square_active
-from solver.recover import recover_vertex
-from solver.scipy_ops import HostCSR, host_matrix
+from lpmetrics.solver.errors import LPInputError, LPNotConvergedWarning, LPSolverError, LPTimeLimitError
+from lpmetrics.solver import square_active
+from lpmetrics.solver.recover import recover_vertex
+from lpmetrics.solver.scipy_ops import HostCSR, host_matrix
 
 
 def check_call(prob, backward: str) -> None:

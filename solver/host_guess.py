@@ -28,10 +28,10 @@ import time
 import numpy as np
 import torch
 
-from solver.operators import DenseOperator
-from solver.recover import GUESS_TIGHT
-from solver.solution import LazyStats, LPSolution
-from solver.square_active import (DENSE_LU_MAX_N, HostLP, _SquareVertex, _host, certify,
+from lpmetrics.solver.operators import DenseOperator
+from lpmetrics.solver.recover import GUESS_TIGHT
+from lpmetrics.solver.solution import LazyStats, LPSolution
+from lpmetrics.solver.square_active import (DENSE_LU_MAX_N, HostLP, _SquareVertex, _host, certify,
                                   dense_factor)
 
 # tests switch it off to compare with the general route

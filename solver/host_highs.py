@@ -37,13 +37,13 @@ import numpy as np
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from solver.auto import route
-from solver.highs import _fail, solve_host
-from solver.host_guess import certified_solution
-from solver.linsolve import auto_method
-from solver.scipy_ops import HostCSR, gram_nnz_of
-from solver.solution import LPSolution
-from solver.square_active import HostLP, _host, certify, sparse_factor
+from lpmetrics.solver.auto import route
+from lpmetrics.solver.highs import _fail, solve_host
+from lpmetrics.solver.host_guess import certified_solution
+from lpmetrics.solver.linsolve import auto_method
+from lpmetrics.solver.scipy_ops import HostCSR, gram_nnz_of
+from lpmetrics.solver.solution import LPSolution
+from lpmetrics.solver.square_active import HostLP, _host, certify, sparse_factor
 
 # tests switch it off to compare with the general route
 ENABLED = True

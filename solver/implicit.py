@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import torch
 
-from solver.square_active import SquareActiveLU, square_output
-from solver.operators import DiagonalOperator
+from lpmetrics.solver.square_active import SquareActiveLU, square_output
+from lpmetrics.solver.operators import DiagonalOperator
 
 
 class _SolveK(torch.autograd.Function):

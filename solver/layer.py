@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from solver.options import SolverOptions
-from solver.solve import solve_lp
+from lpmetrics.solver.options import SolverOptions
+from lpmetrics.solver.solve import solve_lp
 
 
 class LPLayer(torch.nn.Module):

@@ -48,10 +48,10 @@ from __future__ import annotations
 
 import torch
 
-from solver.errors import LPInputError
-from solver.scipy_ops import gram_nnz, row_counts
-from solver import active_lu
-from solver.sparse_factor import SparseFactors
+from lpmetrics.solver.errors import LPInputError
+from lpmetrics.solver.scipy_ops import gram_nnz, row_counts
+from lpmetrics.solver import active_lu
+from lpmetrics.solver.sparse_factor import SparseFactors
 
 # below this n the batched dense Cholesky is as fast (fwd+bwd of random sparse LPs, one
 # thread: n = 64 equal, n = 128 dense 75 ms vs sparse 57 ms, n = 256 224 vs 182 ms; n = 500

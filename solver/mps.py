@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
-from solver.errors import LPInputError, MPSFormatError
+from lpmetrics.solver.errors import LPInputError, MPSFormatError
 
 SECTIONS = ("NAME", "ROWS", "COLUMNS", "RHS", "RANGES", "BOUNDS", "ENDATA", "OBJSENSE",
             "OBJSENSE MAX", "OBJSENSE MIN", "OBJSENSE MAXIMIZE", "OBJSENSE MINIMIZE")

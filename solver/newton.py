@@ -30,8 +30,8 @@ import time
 
 import torch
 
-from solver.linsolve import NewtonSystem
-from solver.operators import DiagonalOperator
+from lpmetrics.solver.linsolve import NewtonSystem
+from lpmetrics.solver.operators import DiagonalOperator
 
 
 def _line_phi(prob, z, d, eps, rA, rE, Ad, Ed, lam):

@@ -29,7 +29,7 @@ import math
 
 import torch
 
-from solver.errors import LPInputError
+from lpmetrics.solver.errors import LPInputError
 
 
 class LinearOperator:

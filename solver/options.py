@@ -8,8 +8,8 @@ from typing import Any
 
 import torch
 
-from solver.errors import LPInputError
-from solver.linsolve import METHODS as LINEAR_SOLVERS
+from lpmetrics.solver.errors import LPInputError
+from lpmetrics.solver.linsolve import METHODS as LINEAR_SOLVERS
 
 
 @dataclass

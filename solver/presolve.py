@@ -23,9 +23,9 @@ from dataclasses import dataclass
 
 import torch
 
-from solver.errors import LPSolverError
-from solver.operators import DenseOperator, SparseOperator
-from solver.problem import LPProblem
+from lpmetrics.solver.errors import LPSolverError
+from lpmetrics.solver.operators import DenseOperator, SparseOperator
+from lpmetrics.solver.problem import LPProblem
 
 
 @dataclass

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
-from solver.errors import LPInputError
-from solver.operators import DenseOperator, LinearOperator, as_operator
+from lpmetrics.solver.errors import LPInputError
+from lpmetrics.solver.operators import DenseOperator, LinearOperator, as_operator
 
 
 @dataclass

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from solver.arrays import TORCH
-from solver.linsolve import NewtonSystem
+from lpmetrics.solver.arrays import TORCH
+from lpmetrics.solver.linsolve import NewtonSystem
 
 
 @dataclass

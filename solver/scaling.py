@@ -32,8 +32,8 @@ from dataclasses import dataclass
 
 import torch
 
-from solver.operators import DenseOperator, SparseOperator
-from solver.problem import LPProblem
+from lpmetrics.solver.operators import DenseOperator, SparseOperator
+from lpmetrics.solver.problem import LPProblem
 
 
 @dataclass

@@ -16,8 +16,8 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-from solver.operators import DenseOperator, DiagonalOperator, LinearOperator, SparseOperator
-from solver.stacked import HStackOperator, VStackOperator
+from lpmetrics.solver.operators import DenseOperator, DiagonalOperator, LinearOperator, SparseOperator
+from lpmetrics.solver.stacked import HStackOperator, VStackOperator
 
 
 try:    # scipy's CSR kernels (pinned scipy): the product without the matrix object's dispatch

@@ -26,20 +26,20 @@ from dataclasses import fields
 
 import torch
 
-from solver.auto import AUTO_NEWTON_SHARE, route, time_limit_error
-from solver.errors import LPInputError, LPNotConvergedWarning, LPSolverError
-from solver.highs import check_call, highs_forward
-from solver.implicit import active_set_output, unrolled_output
-from solver.linsolve import NewtonSystem, choose_method, diag_scale
-from solver.newton import newton_penalty
-from solver.options import SolverOptions
-from solver.problem import build_problem
-from solver.recover import GUESS_TIGHT, Recovery, recover, recover_guess
-from solver.presolve import presolve, restore, restore_masks
-from solver.scaling import ruiz_factors, scale_problem
-from solver.sketch import make_sketch
-from solver.solution import LPSolution
-from solver import diagnose, host_guess, host_highs, square_active
+from lpmetrics.solver.auto import AUTO_NEWTON_SHARE, route, time_limit_error
+from lpmetrics.solver.errors import LPInputError, LPNotConvergedWarning, LPSolverError
+from lpmetrics.solver.highs import check_call, highs_forward
+from lpmetrics.solver.implicit import active_set_output, unrolled_output
+from lpmetrics.solver.linsolve import NewtonSystem, choose_method, diag_scale
+from lpmetrics.solver.newton import newton_penalty
+from lpmetrics.solver.options import SolverOptions
+from lpmetrics.solver.problem import build_problem
+from lpmetrics.solver.recover import GUESS_TIGHT, Recovery, recover, recover_guess
+from lpmetrics.solver.presolve import presolve, restore, restore_masks
+from lpmetrics.solver.scaling import ruiz_factors, scale_problem
+from lpmetrics.solver.sketch import make_sketch
+from lpmetrics.solver.solution import LPSolution
+from lpmetrics.solver import diagnose, host_guess, host_highs, square_active
 
 BACKWARDS = ("active_set", "unrolled")
 
@@ -340,7 +340,7 @@ def solve_lp(c, A, b, A_eq=None, b_eq=None, *, backward: str = "active_set",
         raise LPInputError(f"backward={backward!r}; choose 'active_set' or 'unrolled'.")
     opts = SolverOptions.from_kwargs(options)
     if opts.capture_safe:   # fixed counts, device flags, no host sync (separable LPs, certified guesses)
-        from solver.capture import solve_capture_safe   # it imports this module
+        from lpmetrics.solver.capture import solve_capture_safe   # it imports this module
         return solve_capture_safe(c, A, b, A_eq, b_eq, backward, opts)
     t0 = time.perf_counter()
     if opts.vertex_guess is not None:   # one small dense CPU LP: certified on the host alone

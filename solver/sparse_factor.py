@@ -48,7 +48,7 @@ import torch
 from scipy.linalg import lu_factor, lu_solve
 from scipy.sparse.linalg import splu
 
-from solver.scipy_ops import dense_rows, host_matrix
+from lpmetrics.solver.scipy_ops import dense_rows, host_matrix
 
 # SuperLU options for a symmetric positive (semi)definite matrix
 _LU = dict(permc_spec="MMD_AT_PLUS_A", diag_pivot_thresh=0.0,

@@ -47,11 +47,11 @@ import numpy as np
 import torch
 from scipy.linalg import lapack
 
-from solver.active_lu import lu_of_arrays, stacked_rows
-from solver.arrays import NUMPY
-from solver.linsolve import _CHOL_COND_MAX
-from solver.operators import DenseOperator, SparseOperator
-from solver.scipy_ops import HostCSR, csr_matvec, host_matrix, row_counts
+from lpmetrics.solver.active_lu import lu_of_arrays, stacked_rows
+from lpmetrics.solver.arrays import NUMPY
+from lpmetrics.solver.linsolve import _CHOL_COND_MAX
+from lpmetrics.solver.operators import DenseOperator, SparseOperator
+from lpmetrics.solver.scipy_ops import HostCSR, csr_matvec, host_matrix, row_counts
 
 # the host LU is O(n^3) like the dense normal equations it replaces; above this n a sparse or
 # iterative path is the better choice anyway
@@ -226,7 +226,7 @@ def recover(prob, x: torch.Tensor, accept_tol: float, tight_rel: float):
     kind = eligible(prob)
     if kind is None:
         return None
-    from solver.recover import Recovery
+    from lpmetrics.solver.recover import Recovery
     host = HostLP(_host(prob.c), _host(prob.b), _host(prob.b_eq) if prob.p else None,
                   _host(prob.h_scale), _host(prob.c_norm),
                   lambda i: _lp_data(prob, kind, i),
@@ -278,7 +278,7 @@ class Certified(NamedTuple):
 
 def certify(lp: HostLP, x: np.ndarray, accept_tol: float, tight_rel: float) -> Certified | None:
     """The host certificate of the vertex ``x [B, n]`` (see :func:`recover`), or ``None``."""
-    from solver.recover import _kkt, kkt_terms, tight_masks
+    from lpmetrics.solver.recover import _kkt, kkt_terms, tight_masks
     c, b, b_eq = lp.c, lp.b, lp.b_eq
     (B, n), m, p = c.shape, b.shape[1], 0 if b_eq is None else b_eq.shape[1]
     solvers, index = [], np.empty((B, n), dtype=np.int64)

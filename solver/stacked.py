@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from solver.errors import LPInputError
-from solver.operators import LinearOperator, as_operator
+from lpmetrics.solver.errors import LPInputError
+from lpmetrics.solver.operators import LinearOperator, as_operator
 
 
 def _common_batch(ops) -> int | None:

@@ -18,7 +18,7 @@ def trainer_step(model, objective, optimizer, x, y, step: int) -> torch.Tensor:
 def assert_graph_replays_eager(fn, batch: int, classes: int) -> None:
     """``fn(logits, labels)`` and its backward captured in a CUDA graph (after a side-stream
     warm-up); a replay on new logits and labels equals the eager call, loss and gradient."""
-    from objectives.common import labels_checked
+    from lpmetrics.objectives.common import labels_checked
     x = torch.randn(batch, classes, device="cuda", requires_grad=True)
     y = torch.randint(0, classes, (batch,), device="cuda")
 

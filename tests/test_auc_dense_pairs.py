@@ -12,10 +12,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.mlp import MLP
-from objectives.auc import AUCLoss
-from objectives.common import labels_checked
-from packed import PackedStep, pack, param_groups
+from lpmetrics.models.mlp import MLP
+from lpmetrics.objectives.auc import AUCLoss
+from lpmetrics.objectives.common import labels_checked
+from lpmetrics.packed import PackedStep, pack, param_groups
 from tests.test_solver_capture import NoHostSync as _NoHostSync
 
 

@@ -58,7 +58,7 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from models.resnet import resnet18
+from lpmetrics.models.resnet import resnet18
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "objective" / "auc_lp.yaml"

@@ -16,10 +16,10 @@ import pytest
 import torch
 
 import train
-from builders import StageDecayLR, build_scheduler
-from data.datasets import ImageDataset, TabularDataset, per_image
-from data.errors import SplitError
-from data.splits import build_splits
+from lpmetrics.run.builders import StageDecayLR, build_scheduler
+from lpmetrics.data.datasets import ImageDataset, TabularDataset, per_image
+from lpmetrics.data.errors import SplitError
+from lpmetrics.data.splits import build_splits
 
 CIFAR_TRAIN = np.repeat(np.arange(10), 5000)
 CIFAR_TEST = np.repeat(np.arange(10), 1000)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 from sklearn.metrics import f1_score
 
-from baselines.apperf import APPerfF1
+from lpmetrics.baselines.apperf import APPerfF1
 
 
 def test_descent_raises_positive_margins_and_lowers_negative_ones():

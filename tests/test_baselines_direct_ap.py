@@ -11,9 +11,9 @@ import pytest
 import torch
 from sklearn.metrics import average_precision_score
 
-from baselines.direct_loss import DirectLoss
-from baselines.direct_loss_ap import ap_loss_of_ranking, loss_augmented_ranking, ranking_signs
-from builders import instantiate_runtime
+from lpmetrics.baselines.direct_loss import DirectLoss
+from lpmetrics.baselines.direct_loss_ap import ap_loss_of_ranking, loss_augmented_ranking, ranking_signs
+from lpmetrics.run.builders import instantiate_runtime
 from tests.helpers import trainer_step
 
 

@@ -14,9 +14,9 @@ import torch
 from hydra.errors import InstantiationException
 
 import train
-from baselines.direct_loss import TASK_LOSSES, UPDATES, DirectLoss
-from builders import instantiate_runtime
-from validate import ConfigError
+from lpmetrics.baselines.direct_loss import TASK_LOSSES, UPDATES, DirectLoss
+from lpmetrics.run.builders import instantiate_runtime
+from lpmetrics.run.validate import ConfigError
 
 SMALL_SYNTHETIC = ["dataset.source.n=600", "dataset.source.n_test=200", "dataset.val_size=100"]
 
@@ -179,7 +179,7 @@ def test_batch_without_a_class(update):
 
 def test_direct_ap_alias(compose_cfg):
     cfg = compose_cfg(["objective=direct_ap"]).objective
-    assert cfg._target_ == "baselines.direct_loss.DirectLoss"
+    assert cfg._target_ == "lpmetrics.baselines.direct_loss.DirectLoss"
     # item access: ``update`` is also a DictConfig method name
     assert (cfg["task_loss"], cfg["update"], cfg["epsilon"]) == ("ap", "positive", 0.1)
     assert compose_cfg(["objective=direct_ap", "objective.update=negative"]).objective["update"] == "negative"
@@ -198,7 +198,7 @@ def test_all_eight_train_through_train_py_on_synthetic(compose_cfg, tmp_path, ta
 # --- the data of the experiments (data/synthetic.py): App. 5.3's linear teacher and label noise
 
 def test_linear_teacher_and_label_noise():
-    from data.synthetic import teacher_data
+    from lpmetrics.data.synthetic import teacher_data
     x, y = teacher_data(2000, teacher="linear", pos_fraction=None, seed=3)
     np.testing.assert_array_equal(y, (x.sum(1) > 0).astype(np.int64))   # "sum [...] larger than 0"
     x2, noisy = teacher_data(2000, teacher="linear", pos_fraction=None, seed=3, label_noise=0.2)
@@ -214,8 +214,8 @@ def test_linear_teacher_and_label_noise():
 
 
 def test_synthetic_linear_config_builds_a_linear_student(compose_cfg):
-    from builders import build_model
-    from data import build_data
+    from lpmetrics.run.builders import build_model
+    from lpmetrics.data import build_data
     cfg = compose_cfg(["dataset=synthetic_linear", "dataset.source.label_noise=0.2", *SMALL_SYNTHETIC])
     bundle = build_data(cfg.dataset, seed=0)
     linears = [m for m in build_model(cfg, bundle).modules() if isinstance(m, torch.nn.Linear)]

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import train
-from baselines.libauc_aucm import LibAUCAUCM, make_pesg
+from lpmetrics.baselines.libauc_aucm import LibAUCAUCM, make_pesg
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -35,7 +35,7 @@ def test_pesg_needs_the_aucm_objective():
 def test_trains_through_train_py(compose_cfg, tmp_path):
     cfg = compose_cfg(["objective=libauc_aucm", "dataset=digits", "dataset.neg_keep=0.2",
                        "trainer.max_steps=60", "trainer.eval_every=30", "device=cpu"])
-    assert cfg.optimizer._target_ == "baselines.libauc_aucm.make_pesg"
+    assert cfg.optimizer._target_ == "lpmetrics.baselines.libauc_aucm.make_pesg"
     train.train(cfg, tmp_path)
     rows = pd.read_csv(tmp_path / "metrics.csv")
     assert rows["train_loss"].notna().all() and rows["test_auc"].iloc[-1] > 0.8

@@ -15,15 +15,15 @@ import torch
 from omegaconf import OmegaConf
 from scipy.optimize import linprog
 
-from baselines.blackbox import AUCBlackboxLoss, BlackboxLP, HighsLP, auc_cost_lp
-from baselines.cvxpy_lp import AUCCvxpyLoss, CvxpyLP, F1CvxpyLoss
-from baselines.perturbed import PerturbedLP
-from builders import instantiate_runtime
-from objectives.auc import AUCLoss, auc_pairs
-from objectives.common import binary_scores
-from objectives.pairwise import neg_identity
-from objectives.ratio import F1LPLoss, phi_of_logits
-from solver import LPSolverError
+from lpmetrics.baselines.blackbox import AUCBlackboxLoss, BlackboxLP, HighsLP, auc_cost_lp
+from lpmetrics.baselines.cvxpy_lp import AUCCvxpyLoss, CvxpyLP, F1CvxpyLoss
+from lpmetrics.baselines.perturbed import PerturbedLP
+from lpmetrics.run.builders import instantiate_runtime
+from lpmetrics.objectives.auc import AUCLoss, auc_pairs
+from lpmetrics.objectives.common import binary_scores
+from lpmetrics.objectives.pairwise import neg_identity
+from lpmetrics.objectives.ratio import F1LPLoss, phi_of_logits
+from lpmetrics.solver import LPSolverError
 
 # cvxpylayers 1.2's backward converts tensors with np.array (numpy-2 copy-keyword notice)
 pytestmark = pytest.mark.filterwarnings("ignore:__array__ implementation doesn't accept:DeprecationWarning")

@@ -6,9 +6,9 @@ import pytest
 import torch
 from hydra.utils import instantiate
 
-from baselines.ppd import SquareAUCMinMax, square_auc_minmax
-from baselines.ppd_optim import PPDSG, PPDAdaGrad
-from builders import instantiate_runtime
+from lpmetrics.baselines.ppd import SquareAUCMinMax, square_auc_minmax
+from lpmetrics.baselines.ppd_optim import PPDSG, PPDAdaGrad
+from lpmetrics.run.builders import instantiate_runtime
 from tests.helpers import trainer_step
 
 

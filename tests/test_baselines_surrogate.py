@@ -12,10 +12,10 @@ from omegaconf import OmegaConf
 from sklearn.metrics import (accuracy_score, average_precision_score, f1_score, jaccard_score,
                              matthews_corrcoef, roc_auc_score)
 
-import metrics
-from baselines.surrogate import LearnedSurrogate, SetSurrogate, pretrain_universal
-from baselines.surrogate_targets import TARGETS, one_minus_auc, target_loss
-from builders import instantiate_runtime
+from lpmetrics import metrics
+from lpmetrics.baselines.surrogate import LearnedSurrogate, SetSurrogate, pretrain_universal
+from lpmetrics.baselines.surrogate_targets import TARGETS, one_minus_auc, target_loss
+from lpmetrics.run.builders import instantiate_runtime
 from tests.test_configs import CONFIGS
 from tests.helpers import trainer_step
 
@@ -333,9 +333,9 @@ def test_train_py_gives_the_surrogate_steps_new_batches_deterministically(compos
 
 def test_packs_refuse_objectives_that_draw_batches():
     """The packed step has no side stream: a surrogate run is refused, not silently changed."""
-    from objectives.base import Objective
-    from packed.model import pack
-    from packed.step import PackedStep
+    from lpmetrics.objectives.base import Objective
+    from lpmetrics.packed.model import pack
+    from lpmetrics.packed.step import PackedStep
 
     models = [torch.nn.Linear(3, 2) for _ in range(2)]
     packed = pack(models)

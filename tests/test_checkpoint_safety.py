@@ -21,11 +21,11 @@ import torch
 from omegaconf import OmegaConf
 
 import eval as ev
-import runfolder
+from lpmetrics.run import runfolder
 import train
-from packed.launch import Job, train_packed
+from lpmetrics.packed.launch import Job, train_packed
 from tests.test_faults import COMPARED, _same
-from validate import ConfigError, validate
+from lpmetrics.run.validate import ConfigError, validate
 
 ROOT = Path(__file__).resolve().parents[1]
 SHORT = ["dataset=digits", "model=mlp", "trainer.max_steps=20", "trainer.eval_every=10",

@@ -15,7 +15,7 @@ from hydra.types import RunMode
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from builders import instantiate_runtime
+from lpmetrics.run.builders import instantiate_runtime
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -69,9 +69,9 @@ def test_every_model_instantiates(compose_cfg, name):
 
 
 def test_datasets_pick_their_model(compose_cfg):
-    assert compose_cfg(["dataset=digits"]).model._target_ == "models.mlp.MLP"
-    assert compose_cfg(["dataset=cifar10"]).model._target_ == "models.resnet.resnet18"
-    assert compose_cfg(["dataset=cifar10", "model=mlp"]).model._target_ == "models.mlp.MLP"
+    assert compose_cfg(["dataset=digits"]).model._target_ == "lpmetrics.models.mlp.MLP"
+    assert compose_cfg(["dataset=cifar10"]).model._target_ == "lpmetrics.models.resnet.resnet18"
+    assert compose_cfg(["dataset=cifar10", "model=mlp"]).model._target_ == "lpmetrics.models.mlp.MLP"
 
 
 def test_unknown_option_is_hydras_error(compose_cfg):
@@ -163,5 +163,5 @@ def test_table_datasets_and_levels_are_the_papers(compose_cfg):
     assert compose_cfg(["experiment=table2_multiclass"]).dataset.task == "multiclass"
     assert axis("table_f1", "dataset") == {"catdog", "cifar10", "cifar100", "stl10"}
     eps = compose_cfg(["experiment=table_eps"])
-    assert eps.dataset.name == "catdog" and eps.objective._target_ == "objectives.auc.AUCLoss"
+    assert eps.dataset.name == "catdog" and eps.objective._target_ == "lpmetrics.objectives.auc.AUCLoss"
     assert {float(v) for v in axis("table_eps", "objective.epsilon")} == {0.1, 0.01, 0.001}

@@ -6,9 +6,9 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from data import DatasetNotFoundError, SplitError, build_data
-from data.imbalance import class_groups, relabel
-from data.splits import build_splits
+from lpmetrics.data import DatasetNotFoundError, SplitError, build_data
+from lpmetrics.data.imbalance import class_groups, relabel
+from lpmetrics.data.splits import build_splits
 from tests.test_data_helpers import dataset_cfg
 
 CIFAR_LIKE = np.repeat(np.arange(10), 5000)      # official train split, balanced

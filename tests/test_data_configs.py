@@ -7,7 +7,7 @@ import pytest
 from hydra.utils import get_method
 from omegaconf import OmegaConf
 
-from data import build_data
+from lpmetrics.data import build_data
 from tests.test_data_helpers import CONFIGS
 
 NAMES = ["digits", "cifar10", "cifar100", "stl10", "catdog", "synthetic", "svmlight"]

@@ -7,9 +7,9 @@ import hashlib
 import numpy as np
 import pytest
 
-from data import build_data
-from data import packed
-from data.errors import DamagedDatasetError
+from lpmetrics.data import build_data
+from lpmetrics.data import packed
+from lpmetrics.data.errors import DamagedDatasetError
 from tests.test_data_helpers import dataset_cfg, shared_data_root
 from tests.test_data_sources import write_fake_pack
 

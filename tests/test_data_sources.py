@@ -15,11 +15,11 @@ import torch
 import torchvision
 from PIL import Image
 
-from data import DatasetNotFoundError, build_data
-from data import packed
-from data.datasets import ImageDataset
-from data.images import CIFAR100
-from data.torchvision_format import read_cifar10, read_cifar100, read_stl10
+from lpmetrics.data import DatasetNotFoundError, build_data
+from lpmetrics.data import packed
+from lpmetrics.data.datasets import ImageDataset
+from lpmetrics.data.images import CIFAR100
+from lpmetrics.data.torchvision_format import read_cifar10, read_cifar100, read_stl10
 from tests.test_data_helpers import dataset_cfg, shared_data_root
 
 RNG = np.random.default_rng(0)

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from builders import predict
-from data.augment import CropFlip, crop_flip, draw_crop_flip
-from data.datasets import ImageDataset, TabularDataset
-from data.stream import BatchStream, gather
+from lpmetrics.run.builders import predict
+from lpmetrics.data.augment import CropFlip, crop_flip, draw_crop_flip
+from lpmetrics.data.datasets import ImageDataset, TabularDataset
+from lpmetrics.data.stream import BatchStream, gather
 
 
 def reference_crop_flip(img: np.ndarray, dy: int, dx: int, flip: bool, pad: int) -> np.ndarray:

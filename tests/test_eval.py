@@ -9,9 +9,9 @@ from omegaconf import OmegaConf
 
 
 import eval as ev  # noqa: E402
-import metrics  # noqa: E402
-from builders import build_model  # noqa: E402
-from data import build_data  # noqa: E402
+from lpmetrics import metrics  # noqa: E402
+from lpmetrics.run.builders import build_model  # noqa: E402
+from lpmetrics.data import build_data  # noqa: E402
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -132,7 +132,7 @@ def test_predict_bn_train_mode_uses_batch_statistics_and_leaves_model_untouched(
     and changes neither the running stats nor the mode."""
     from torch.utils.data import TensorDataset
 
-    from builders import predict
+    from lpmetrics.run.builders import predict
 
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 2))
@@ -165,7 +165,7 @@ def test_predict_bn_train_mode_folds_a_last_batch_of_one_sample():
     before it; the result equals normalising the last 9 samples together."""
     from torch.utils.data import TensorDataset
 
-    from builders import predict
+    from lpmetrics.run.builders import predict
 
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 2))

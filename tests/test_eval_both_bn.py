@@ -26,11 +26,11 @@ from hydra.core.global_hydra import GlobalHydra
 from sklearn.metrics import accuracy_score, roc_auc_score
 from torch import nn
 
-import runfolder
+from lpmetrics.run import runfolder
 import train
-from builders import build_model
-from data import build_data
-from packed.launch import Job, train_packed
+from lpmetrics.run.builders import build_model
+from lpmetrics.data import build_data
+from lpmetrics.packed.launch import Job, train_packed
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))  # make_tables imports its siblings

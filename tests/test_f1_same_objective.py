@@ -21,7 +21,7 @@ import torch
 from omegaconf import OmegaConf
 from scipy.optimize import linprog
 
-from builders import instantiate_runtime
+from lpmetrics.run.builders import instantiate_runtime
 
 MISSING = [m for m in ("cvxpy", "cvxpylayers", "diffcp") if importlib.util.find_spec(m) is None]
 needs_cvxpy = pytest.mark.skipif(bool(MISSING), reason=f"objective=f1_cvxpy needs {', '.join(MISSING)} "
@@ -109,7 +109,7 @@ def test_apperf_gradient_is_summed_and_ignores_loss_scaling():
     """Why f1_apperf clips: its gradient is q_check - y per sample, summed over the batch, and
     the package's backward drops the upstream gradient, so dividing the loss by B changes nothing."""
     pytest.importorskip("ap_perf")
-    from baselines.apperf import APPerfF1
+    from lpmetrics.baselines.apperf import APPerfF1
 
     logits, labels = batch(0, n=16)
     loss_fn = APPerfF1()

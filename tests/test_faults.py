@@ -30,11 +30,11 @@ import numpy as np
 import pytest
 import torch
 
-import atomic
-import runfolder
+from lpmetrics.run import atomic
+from lpmetrics.run import runfolder
 import train
-from objectives.base import Objective
-from objectives.common import zero_loss
+from lpmetrics.objectives.base import Objective
+from lpmetrics.objectives.common import zero_loss
 
 ROOT = Path(__file__).resolve().parents[1]
 SHORT = ["dataset=digits", "model=mlp", "trainer.max_steps=20", "trainer.eval_every=10",
@@ -64,8 +64,8 @@ REFUSED_BEFORE_DATA = [
     (["trainer.max_grad_norm=-1"], r"trainer.max_grad_norm=-1 must be null \(no clipping\) or a finite number > 0"),
     (["optimizer.lr=nan"], r"optimizer.lr=nan must be a finite number >= 0"),
     (["device=tpu9"], r"device='tpu9' is not a device name"),
-    (["objective._target_=objectives.common.zero_loss"],
-     r"objective._target_='objectives.common.zero_loss' is not an importable class .*non-class"),
+    (["objective._target_=lpmetrics.objectives.common.zero_loss"],
+     r"objective._target_='lpmetrics.objectives.common.zero_loss' is not an importable class .*non-class"),
     (["trainer.max_steps=0", "trainer.eval_every=0"], r"invalid config \(2 problems\):\n  - trainer.max_steps=0"),
     (["seed=abc"], r"seed='abc' must be an integer \(it seeds .*\), e.g. seed=0"),
     (["seed=1.5"], r"seed=1.5 must be an integer"),
@@ -104,7 +104,7 @@ def test_cuda_without_a_gpu_is_refused_before_the_data(compose_cfg, tmp_path, mo
      r"trainer.batch_size=5000 is larger than the train split \(1077 samples of dataset=digits\); "
      r"every step would train on those 1077 while the results record 5000: use trainer.batch_size<=1077"),
     (["objective=auc_lp", "objective.epsilon=inf"],
-     r"objective could not be built from the config \(objective._target_=objectives.auc.AUCLoss\): "
+     r"objective could not be built from the config \(objective._target_=lpmetrics.objectives.auc.AUCLoss\): "
      r"ValueError: epsilon must be a finite number > 0 \(the ramp width, e.g. 0.01\); got inf"),
     (["objective=auc_lp", "+objective.solver.tol=-1"],
      r"objective could not be built .*bad solver option\(s\): tol=-1 must be a finite number > 0"),
@@ -164,7 +164,7 @@ class NaNAfter(torch.nn.Module):
 
 
 def test_non_finite_scores_stop_before_the_lp_solver(compose_cfg, tmp_path, monkeypatch):
-    import solver
+    from lpmetrics import solver
     build = train.build_model
     monkeypatch.setattr(train, "build_model", lambda cfg, bundle: NaNAfter(build(cfg, bundle), at=3))
     real_solve, seen = solver.solve_lp, []

@@ -6,8 +6,8 @@ from scipy.optimize import brentq
 from sklearn.metrics import (accuracy_score, average_precision_score, f1_score, jaccard_score,
                              matthews_corrcoef, roc_auc_score)
 
-import metrics
-from metrics import MetricError
+from lpmetrics import metrics
+from lpmetrics.metrics import MetricError
 
 SEEDS = range(20)
 

@@ -12,10 +12,10 @@ import torch
 from scipy.optimize import linprog
 from sklearn.metrics import roc_auc_score
 
-import metrics
-from objectives.auc import AUCLoss
-from objectives.auc_mu import AUCMuLoss
-from objectives.auc_ova import AUCOneVsAllLoss
+from lpmetrics import metrics
+from lpmetrics.objectives.auc import AUCLoss
+from lpmetrics.objectives.auc_mu import AUCMuLoss
+from lpmetrics.objectives.auc_ova import AUCOneVsAllLoss
 
 
 pytestmark = pytest.mark.usefixtures("float64_default")  # oracle tests run in float64

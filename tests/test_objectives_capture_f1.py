@@ -10,13 +10,13 @@ import pytest
 import torch
 from scipy.optimize import linprog
 
-from models.mlp import MLP
-from objectives.common import labels_checked
-from objectives.fractional import box_bounds, charnes_cooper_lp
-from objectives.ratio import (F1LPLoss, FBetaLPLoss, JaccardLPLoss, PrecisionAtRecallLPLoss,
+from lpmetrics.models.mlp import MLP
+from lpmetrics.objectives.common import labels_checked
+from lpmetrics.objectives.fractional import box_bounds, charnes_cooper_lp
+from lpmetrics.objectives.ratio import (F1LPLoss, FBetaLPLoss, JaccardLPLoss, PrecisionAtRecallLPLoss,
                               phi_of_logits)
-from packed import PackedStep, pack, param_groups
-from solver import LPInputError, solve_lp
+from lpmetrics.packed import PackedStep, pack, param_groups
+from lpmetrics.solver import LPInputError, solve_lp
 from tests.helpers import assert_graph_replays_eager
 from tests.test_auc_dense_pairs import NoHostSync
 from tests.test_objectives_capture_ova import no_sync_forward_backward, op_trace

@@ -10,12 +10,12 @@ import torch
 from scipy.optimize import linprog
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from models.mlp import MLP
-from objectives.auc_ova import AUCOneVsAllLoss
-from objectives.common import labels_checked
-from objectives.pairwise import ramp_lp
-from packed import PackedStep, pack, param_groups
-from solver import SolverOptions
+from lpmetrics.models.mlp import MLP
+from lpmetrics.objectives.auc_ova import AUCOneVsAllLoss
+from lpmetrics.objectives.common import labels_checked
+from lpmetrics.objectives.pairwise import ramp_lp
+from lpmetrics.packed import PackedStep, pack, param_groups
+from lpmetrics.solver import SolverOptions
 from tests.helpers import assert_graph_replays_eager
 from tests.test_auc_dense_pairs import NoHostSync
 from tests.test_packed_pack_forward import together_equals_alone

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from builders import instantiate_runtime
-from objectives.base import Objective
+from lpmetrics.run.builders import instantiate_runtime
+from lpmetrics.objectives.base import Objective
 
 NAMES = ["auc_lp", "auc_mu_lp", "auc_ova_lp", "f1_lp", "fbeta_lp", "jaccard_lp", "prec_at_recall_lp"]
 

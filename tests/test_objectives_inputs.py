@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from objectives.auc import AUCLoss
-from objectives.auc_mu import AUCMuLoss
-from objectives.auc_ova import AUCOneVsAllLoss
-from objectives.ratio import F1LPLoss, FBetaLPLoss, JaccardLPLoss, PrecisionAtRecallLPLoss
+from lpmetrics.objectives.auc import AUCLoss
+from lpmetrics.objectives.auc_mu import AUCMuLoss
+from lpmetrics.objectives.auc_ova import AUCOneVsAllLoss
+from lpmetrics.objectives.ratio import F1LPLoss, FBetaLPLoss, JaccardLPLoss, PrecisionAtRecallLPLoss
 
 BINARY = {"auc": lambda: AUCLoss(), "f1": lambda: F1LPLoss(), "jaccard": lambda: JaccardLPLoss(),
           "prec_at_recall": lambda: PrecisionAtRecallLPLoss()}
@@ -117,8 +117,8 @@ def test_objectives_declare_tasks_and_min_batch():
 def test_a_call_under_inference_mode_does_not_break_later_training(name, monkeypatch):
     """An evaluation under ``torch.inference_mode`` first (the objective's cached constants
     made there), then a training call with its backward: the caches hold normal tensors."""
-    import objectives.fractional as fractional
-    import objectives.ratio as ratio
+    import lpmetrics.objectives.fractional as fractional
+    import lpmetrics.objectives.ratio as ratio
     monkeypatch.setattr(ratio, "_HALF_DIFF", {})
     monkeypatch.setattr(fractional, "_IDENTITIES", {})
     loss_fn = (BINARY | MULTI)[name]()

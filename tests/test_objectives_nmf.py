@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from objectives.nmf import NMFLayer
+from lpmetrics.objectives.nmf import NMFLayer
 
 
 def planted(seed: int, s: int = 10, w: int = 12, r: int = 3):

@@ -12,8 +12,8 @@ import torch
 from scipy.optimize import linprog
 from sklearn.metrics import f1_score, fbeta_score, jaccard_score, precision_score
 
-from objectives.fractional import box_bounds
-from objectives.ratio import F1LPLoss, FBetaLPLoss, JaccardLPLoss, PrecisionAtRecallLPLoss
+from lpmetrics.objectives.fractional import box_bounds
+from lpmetrics.objectives.ratio import F1LPLoss, FBetaLPLoss, JaccardLPLoss, PrecisionAtRecallLPLoss
 
 
 pytestmark = pytest.mark.usefixtures("float64_default")  # oracle tests run in float64
@@ -30,7 +30,7 @@ LOSSES = {
 
 def solve_lp_or_skip():
     try:
-        from solver import solve_lp  # noqa: F401
+        from lpmetrics.solver import solve_lp  # noqa: F401
     except ImportError:
         pytest.skip("solver.solve_lp is not available")
     return solve_lp

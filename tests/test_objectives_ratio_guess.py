@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from objectives.fractional import box_bounds
-from objectives.ratio import PHI_MARGIN
-from solver import solve_lp
-from solver.errors import LPInputError
+from lpmetrics.objectives.fractional import box_bounds
+from lpmetrics.objectives.ratio import PHI_MARGIN
+from lpmetrics.solver import solve_lp
+from lpmetrics.solver.errors import LPInputError
 from tests.test_objectives_ratio import LOSSES, highs_value
 
 pytestmark = pytest.mark.usefixtures("float64_default")
@@ -137,7 +137,7 @@ def test_box_vertex_numpy_equals_torch_with_zero_denominators(seed):
     and ``den0``, scores on the box edges."""
     import warnings
 
-    from objectives.fractional import box_vertex
+    from lpmetrics.objectives.fractional import box_vertex
     g = torch.Generator().manual_seed(seed)
     n = 6
     num = torch.randint(-2, 3, (n,), generator=g).double()

@@ -12,7 +12,7 @@ import torch
 from scipy.optimize import linprog
 from sklearn.metrics import f1_score
 
-from objectives.ratio import F1LPLoss, FBetaLPLoss, JaccardLPLoss, phi_of_logits
+from lpmetrics.objectives.ratio import F1LPLoss, FBetaLPLoss, JaccardLPLoss, phi_of_logits
 
 pytestmark = pytest.mark.usefixtures("float64_default")
 

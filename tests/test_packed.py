@@ -16,11 +16,11 @@ import pytest
 import torch
 from hydra.utils import instantiate
 
-from builders import instantiate_runtime
-from models.mlp import MLP
-from models.resnet import resnet18
-from objectives.base import Objective
-from packed import PackedStep, PackError, pack, param_groups, unpack
+from lpmetrics.run.builders import instantiate_runtime
+from lpmetrics.models.mlp import MLP
+from lpmetrics.models.resnet import resnet18
+from lpmetrics.objectives.base import Objective
+from lpmetrics.packed import PackedStep, PackError, pack, param_groups, unpack
 
 TOL = 1e-10
 IMAGE = [3, 32, 32]

@@ -22,15 +22,15 @@ import copy
 import pytest
 import torch
 
-from baselines.ppd import SquareAUCMinMax
-from baselines.ppd_optim import PPDSG
-from models.mlp import MLP
-from objectives.auc import AUCLoss
-from objectives.ce import CrossEntropy
-from objectives.common import labels_checked
-from packed import PackedStep, pack, param_groups
-from packed.graph import GraphedStep, capturable, capture_form
-from packed.optim import PackedSGD, unsupported
+from lpmetrics.baselines.ppd import SquareAUCMinMax
+from lpmetrics.baselines.ppd_optim import PPDSG
+from lpmetrics.models.mlp import MLP
+from lpmetrics.objectives.auc import AUCLoss
+from lpmetrics.objectives.ce import CrossEntropy
+from lpmetrics.objectives.common import labels_checked
+from lpmetrics.packed import PackedStep, pack, param_groups
+from lpmetrics.packed.graph import GraphedStep, capturable, capture_form
+from lpmetrics.packed.optim import PackedSGD, unsupported
 from tests.test_auc_dense_pairs import NoHostSync
 from tests.test_auc_dense_pairs import batch as auc_batch
 from tests.test_packed import FLAT, NaNAfter, Run, close, configs
@@ -346,7 +346,7 @@ def test_launcher_on_cuda_terms_writes_the_same_metrics(compose_cfg, tmp_path, m
 
     import pandas as pd
 
-    import packed.launch as launch
+    import lpmetrics.packed.launch as launch
     short = ["dataset=digits", "trainer.max_steps=6", "trainer.eval_every=3"]
     specs = {"ce": [], "auc": ["objective=auc_lp", "objective.epsilon=0.5"]}
 
@@ -369,7 +369,7 @@ def test_launcher_on_cuda_terms_writes_the_same_metrics(compose_cfg, tmp_path, m
 def test_the_gpu_check_script_runs_on_the_cpu(tmp_path):
     """``python -m packed.check_graph`` (for a GPU window) on the CPU with its stand-in graph:
     the replayed pack equals the same stepper run eagerly, bitwise."""
-    from packed.check_graph import main
+    from lpmetrics.packed.check_graph import main
     rows = main(["--device", "cpu", "--model", "mlp", "--n", "2", "--steps", "4",
                  "--objectives", "ce", "ppd_sg", "--out", str(tmp_path / "check.json")])
     assert [r["objective"] for r in rows] == ["ce", "ppd_sg"] and all("error" not in r for r in rows)

@@ -19,11 +19,11 @@ import pytest
 import torch
 
 import train
-from builders import predict
-from packed import pack
-from packed import evaluate as pack_eval
-from packed.evaluate import PackEvaluator, pack_predict
-from packed.launch import Job, train_packed
+from lpmetrics.run.builders import predict
+from lpmetrics.packed import pack
+from lpmetrics.packed import evaluate as pack_eval
+from lpmetrics.packed.evaluate import PackEvaluator, pack_predict
+from lpmetrics.packed.launch import Job, train_packed
 from tests.test_eval_both_bn import BN_MLP, bn_mlp, composed
 
 

@@ -18,9 +18,9 @@ import torch.nn.functional as F
 import torchvision
 
 import tests.test_packed as tp
-from models.mlp import MLP
-from models.resnet import resnet18
-from packed import PackError, gemm, pack
+from lpmetrics.models.mlp import MLP
+from lpmetrics.models.resnet import resnet18
+from lpmetrics.packed import PackError, gemm, pack
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -194,7 +194,7 @@ def test_cuda_gemm_is_in_the_precision_class_of_vmap():
 def test_cuda_graph_capture_replays_the_gemm_pack():
     """The forward + backward of a gemm pack captured in a CUDA graph (the TF32 flag toggled by
     the forward and by the backward hooks while capturing) replays the eager numbers."""
-    from packed.speed import warm_on_side_stream
+    from lpmetrics.packed.speed import warm_on_side_stream
     torch.manual_seed(0)
     packed = pack([resnet18(2, [3, 32, 32]).cuda() for _ in range(2)], "gemm")
     x = torch.randn(2, 8, 3, 32, 32, device="cuda")

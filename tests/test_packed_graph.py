@@ -17,12 +17,12 @@ import copy
 import pytest
 import torch
 
-from models.mlp import MLP
-from objectives.auc import AUCLoss
-from objectives.ce import CrossEntropy
-from objectives.common import labels_checked
-from packed import PackedStep, pack, param_groups
-from packed.graph import GraphedStep, capturable
+from lpmetrics.models.mlp import MLP
+from lpmetrics.objectives.auc import AUCLoss
+from lpmetrics.objectives.ce import CrossEntropy
+from lpmetrics.objectives.common import labels_checked
+from lpmetrics.packed import PackedStep, pack, param_groups
+from lpmetrics.packed.graph import GraphedStep, capturable
 from tests.test_packed import NaNAfter
 
 SHAPE = [3, 4, 4]
@@ -104,7 +104,7 @@ def test_a_divergence_is_recorded_at_its_step_and_freezing_recaptures(float64_de
 
 @pytest.mark.parametrize("what", ["f1_lp", "masked_auc", "not_sync_free", "adam"])
 def test_packs_that_cannot_be_captured_are_refused_with_the_reason(compose_cfg, what):
-    from builders import instantiate_runtime
+    from lpmetrics.run.builders import instantiate_runtime
     objs = objectives()
     if what == "f1_lp":   # a general LP: its solver decides on the host
         objs[0] = instantiate_runtime(compose_cfg(["objective=f1_lp"]).objective, pos_ratio=0.5,
@@ -129,7 +129,7 @@ def test_launcher_with_graph_replay_writes_the_eager_metrics(compose_cfg, tmp_pa
     with an lr milestone inside the run; on the CPU, cuda_graph=True itself falls back and says so."""
     import pandas as pd
 
-    import packed.launch as launch
+    import lpmetrics.packed.launch as launch
     short = ["dataset=digits", "trainer.max_steps=8", "trainer.eval_every=4", "scheduler.milestones=[5]"]
     specs = {"ce": [], "auc": ["objective=auc_lp_capture", "objective.epsilon=0.5"]}
 
@@ -163,8 +163,8 @@ def test_the_probe_times_the_replays_of_a_graphed_pack_and_nothing_else():
     """``packed.speed.runner_ms`` (the campaign's probe, ``gpu_tables.measure``): the warm-up
     steps and the capture happen before the timing, so every timed call is a replay; the step
     number counts up as in training (PPD's stage ends are keyed on it)."""
-    from packed.launch import step_runner
-    from packed.speed import build_runs, runner_ms
+    from lpmetrics.packed.launch import step_runner
+    from lpmetrics.packed.speed import build_runs, runner_ms
     runs = build_runs(lambda: MLP(2, SHAPE, hidden=[8]), SHAPE, 6, 2, sync_free=True)
     replays, seen = [], []
 

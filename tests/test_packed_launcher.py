@@ -21,7 +21,7 @@ import torch
 from torch.utils.data import Subset
 
 import train
-from packed.launch import Job, group, train_packed
+from lpmetrics.packed.launch import Job, group, train_packed
 
 ROOT = train.Path(__file__).resolve().parents[1]
 RUN_FILES = ("metrics.csv", "results.json", "last.pt", "best.pt", ".hydra/config.yaml")
@@ -144,7 +144,7 @@ def test_deadline_stops_a_pack_and_records_it(compose_cfg, tmp_path, monkeypatch
     """A pack past its deadline stops at a step boundary with a last evaluation there (one, not
     two, when the boundary is an evaluation step); a pack not started by the deadline is not run.
     A fake clock (one tick per reading) makes the stopping step deterministic."""
-    import packed.launch as launch
+    import lpmetrics.packed.launch as launch
 
     class Clock:
         t = 0.0
@@ -176,7 +176,7 @@ def test_out_of_memory_halves_the_pack_and_each_run_restarts_from_its_initial_st
     """A pack over 2 runs 'does not fit' (the step raises OutOfMemoryError after a real step of
     the pack): 5 runs go 2 + 3 -> 1 + 2, and each run equals its train.py twin (digits' MLP packs
     bitwise), so the aborted packs left no trace in the runs."""
-    from packed.step import PackedStep
+    from lpmetrics.packed.step import PackedStep
     real = PackedStep.step
 
     def step(self, x, y, i):
@@ -202,7 +202,7 @@ def test_out_of_memory_halves_the_pack_and_each_run_restarts_from_its_initial_st
 
 
 def test_a_run_that_does_not_fit_alone_is_recorded(compose_cfg, tmp_path, monkeypatch):
-    from packed.step import PackedStep
+    from lpmetrics.packed.step import PackedStep
 
     def step(self, x, y, i):
         raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
@@ -218,7 +218,7 @@ def test_a_pack_that_fails_while_training_fails_its_runs_and_the_next_pack_still
     """A pack's step raising (not out of memory; the second H100 window's pack of one died in
     batch norm under vmap) fails that pack's runs with its error; the other packs train and the
     launcher returns, so a campaign command still exports what was done."""
-    from packed.step import PackedStep
+    from lpmetrics.packed.step import PackedStep
     real = PackedStep.step
 
     import weakref
@@ -245,7 +245,7 @@ def test_a_pack_that_fails_while_training_fails_its_runs_and_the_next_pack_still
 
 def test_pack_batches_are_contiguous_whatever_the_dataset_layout():
     """The image packs hand out channels-last views; the pack's input is the standard layout."""
-    from packed.launch import _draw
+    from lpmetrics.packed.launch import _draw
 
     class Member:
         def __init__(self):

@@ -20,11 +20,11 @@ import re
 import pytest
 import torch
 
-from models.mlp import MLP
-from objectives.ce import CrossEntropy
-from objectives.common import labels_checked
-from packed import PackedStep, pack
-from packed.optim import PackedSGD
+from lpmetrics.models.mlp import MLP
+from lpmetrics.objectives.ce import CrossEntropy
+from lpmetrics.objectives.common import labels_checked
+from lpmetrics.packed import PackedStep, pack
+from lpmetrics.packed.optim import PackedSGD
 from tests.test_packed_capture import data, replayed
 
 SHAPE = [3, 4, 4]
@@ -133,7 +133,7 @@ def test_the_compiled_update_is_at_most_one_kernel_per_stacked_tensor(float64_de
     """The eager update launches 3-4 kernels per stacked tensor (with momentum); the compiled
     code launches at most one (the CPU backend even fuses all tensors into one)."""
     from torch._inductor.utils import run_and_get_code
-    from packed.optim import _one_pass
+    from lpmetrics.packed.optim import _one_pass
     packed, _, update = packed_sgd(True)
     for p in packed.params.values():
         p.grad = torch.randn_like(p)

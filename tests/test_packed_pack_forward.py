@@ -10,13 +10,13 @@ import copy
 import pytest
 import torch
 
-from models.mlp import MLP
-from objectives.auc import AUCLoss
-from objectives.auc_ova import AUCOneVsAllLoss
-from objectives.ce import CrossEntropy
-from objectives.common import labels_checked
-from packed import PackedStep, pack, param_groups
-from packed.speed import warm_on_side_stream
+from lpmetrics.models.mlp import MLP
+from lpmetrics.objectives.auc import AUCLoss
+from lpmetrics.objectives.auc_ova import AUCOneVsAllLoss
+from lpmetrics.objectives.ce import CrossEntropy
+from lpmetrics.objectives.common import labels_checked
+from lpmetrics.packed import PackedStep, pack, param_groups
+from lpmetrics.packed.speed import warm_on_side_stream
 
 SHAPE = [3, 4, 4]
 

@@ -16,9 +16,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from packed import select
-from packed.launch import Job
-from packed.model import PackedModels
+from lpmetrics.packed import select
+from lpmetrics.packed.launch import Job
+from lpmetrics.packed.model import PackedModels
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]

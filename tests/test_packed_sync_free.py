@@ -15,11 +15,11 @@ import pandas as pd
 import pytest
 import torch
 
-from models.mlp import MLP
-from models.resnet import resnet18
-from objectives.common import check_labels, labels_checked
-from packed import PackedStep, pack
-from packed.launch import Job, train_packed
+from lpmetrics.models.mlp import MLP
+from lpmetrics.models.resnet import resnet18
+from lpmetrics.objectives.common import check_labels, labels_checked
+from lpmetrics.packed import PackedStep, pack
+from lpmetrics.packed.launch import Job, train_packed
 from tests.test_packed import (FLAT, IMAGE, MIXED, NaNAfter, Run, batches, build, configs, run_pack,
                                sgd_stepper, small_cnn)
 

@@ -15,10 +15,10 @@ import torch
 
 import train
 from omegaconf import OmegaConf
-from objectives.ce import CrossEntropy
-from packed.launch import Job, train_packed
-from runfolder import ADDED_DEFAULTS, config_differences
-from validate import ConfigError, validate
+from lpmetrics.objectives.ce import CrossEntropy
+from lpmetrics.packed.launch import Job, train_packed
+from lpmetrics.run.runfolder import ADDED_DEFAULTS, config_differences
+from lpmetrics.run.validate import ConfigError, validate
 
 SHORT = ["dataset=digits", "trainer.max_steps=6", "trainer.eval_every=3"]
 
@@ -98,7 +98,7 @@ def test_configs_from_before_the_new_keys_are_no_difference(compose_cfg):
 def test_device_statistics_accumulate_in_place_and_keep_their_order():
     """Tensor values go into one persistent [sum, count] tensor per key (what a replayed CUDA
     graph adds into); pop_stats reads, zeroes in place, and keeps the first-recorded order."""
-    from objectives.base import Objective
+    from lpmetrics.objectives.base import Objective
     obj = Objective()
     obj.record(a=torch.tensor(1.0), b=2.0)
     obj.record_where(torch.tensor(False), c=torch.tensor(5.0))

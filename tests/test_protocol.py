@@ -11,10 +11,10 @@ from omegaconf import OmegaConf
 from torch import nn
 
 import train
-from builders import build_model
-from data import build_data
-from data.source import SourceData
-from data.synthetic import random_teacher
+from lpmetrics.run.builders import build_model
+from lpmetrics.data import build_data
+from lpmetrics.data.source import SourceData
+from lpmetrics.data.synthetic import random_teacher
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL_SYNTHETIC = ["dataset.source.n=600", "dataset.source.n_test=200", "dataset.val_size=100"]

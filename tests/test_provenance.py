@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-import provenance
+from lpmetrics.run import provenance
 import train
 
 SHORT = ["dataset=digits", "model=mlp", "trainer.max_steps=4", "trainer.eval_every=4",
@@ -75,7 +75,7 @@ def test_run_outputs_do_not_make_the_tree_dirty(status, dirty):
 
 def test_packed_runs_record_it_too(compose_cfg, tmp_path):
     """The packed launcher writes results.json through train.Run.results: provenance included."""
-    from packed.launch import Job, train_packed
+    from lpmetrics.packed.launch import Job, train_packed
 
     short = ["dataset=digits", "trainer.max_steps=2", "device=cpu", "trainer.checkpoints=false"]
     jobs = [Job(compose_cfg([*short, f"seed={s}"]), tmp_path / f"s{s}", name=f"s{s}") for s in (0, 1)]

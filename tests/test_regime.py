@@ -46,7 +46,7 @@ def test_single_runs_keep_their_defaults(compose):
 
 
 def test_ppd_adagrad_delta_is_its_authors(compose):
-    from baselines.ppd_optim import PPDAdaGrad
+    from lpmetrics.baselines.ppd_optim import PPDAdaGrad
     assert compose(["objective=ppd_adagrad"]).optimizer.delta == 0.5
     import torch
     assert PPDAdaGrad([torch.nn.Parameter(torch.zeros(1))]).param_groups[0]["delta"] == 0.5

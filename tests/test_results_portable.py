@@ -10,7 +10,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from runfolder import portable_config
+from lpmetrics.run.runfolder import portable_config
 
 ROOT = Path(__file__).resolve().parents[1]
 SUFFIXES = (".json", ".csv", ".md", ".log", ".txt")

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from solver import (DiagonalOperator, LPInputError, LPLayer, LPSolverError, LPTimeLimitError,
+from lpmetrics.solver import (DiagonalOperator, LPInputError, LPLayer, LPSolverError, LPTimeLimitError,
                     solve_lp)
-from solver.mps import read_mps, to_standard_form
+from lpmetrics.solver.mps import read_mps, to_standard_form
 from tests.test_solver_oracle import constructed_lp, highs, to_torch
 
 D = torch.float64

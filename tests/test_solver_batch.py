@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-import solver.layer
-from solver import (DiagonalOperator, LPLayer, SparseOperator, VStackOperator, solve_lp)
+import lpmetrics.solver.layer as solver_layer
+from lpmetrics.solver import (DiagonalOperator, LPLayer, SparseOperator, VStackOperator, solve_lp)
 from tests.test_solver_oracle import check_against_highs, constructed_lp, random_lp, to_torch
 
 
@@ -102,7 +102,7 @@ def test_sparse_batched_tensor():
 
 
 def test_layer_docstring_runs():
-    result = doctest.testmod(solver.layer, verbose=False)
+    result = doctest.testmod(solver_layer, verbose=False)
     assert result.attempted > 0 and result.failed == 0
 
 

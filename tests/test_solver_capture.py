@@ -7,11 +7,11 @@ import torch
 from scipy.optimize import linprog
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from objectives.auc import AUCLoss, auc_pairs
-from objectives.auc_mu import AUCMuLoss
-from objectives.auc_ova import AUCOneVsAllLoss
-from objectives.pairwise import ramp_lp
-from solver import DiagonalOperator, LPInputError, LPSolverError, solve_lp
+from lpmetrics.objectives.auc import AUCLoss, auc_pairs
+from lpmetrics.objectives.auc_mu import AUCMuLoss
+from lpmetrics.objectives.auc_ova import AUCOneVsAllLoss
+from lpmetrics.objectives.pairwise import ramp_lp
+from lpmetrics.solver import DiagonalOperator, LPInputError, LPSolverError, solve_lp
 
 F64 = torch.float64
 CAPTURE = {"capture_safe": True}

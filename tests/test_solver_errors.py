@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from solver import LPInputError, LPNotConvergedWarning, LPSolverError, solve_lp
+from lpmetrics.solver import LPInputError, LPNotConvergedWarning, LPSolverError, solve_lp
 from tests.test_solver_oracle import constructed_lp, to_torch
 
 D = torch.float64
@@ -141,7 +141,7 @@ def test_empty_batch_returns_an_empty_solution():
     ("linear_solver", "chol", r"linear_solver='chol' must be auto, diagonal, cholesky, cg, sparse"),
 ])
 def test_options_are_validated_at_construction(option, value, message):
-    from solver import SolverOptions
+    from lpmetrics.solver import SolverOptions
     with pytest.raises(LPInputError, match=r"bad solver option\(s\): " + message):
         SolverOptions(**{option: value})
     with pytest.raises(LPInputError, match=message):    # and before any solve work

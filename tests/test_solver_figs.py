@@ -85,7 +85,7 @@ def test_fig3c_oracle_and_sketched_solve_at_convergence():
 
 def test_memory_measure_and_dense_loss():
     mem = load("solver_fig_memory")
-    from objectives.auc import AUCLoss
+    from lpmetrics.objectives.auc import AUCLoss
     assert mem.peak_memory_mb(lambda: torch.ones(8 * 2**20, dtype=torch.float64).sum(),
                               torch.device("cpu")) == pytest.approx(64, abs=8)
     g = torch.Generator().manual_seed(0)

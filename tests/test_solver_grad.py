@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from solver import (DiagonalOperator, HStackOperator, SparseOperator, VStackOperator,
+from lpmetrics.solver import (DiagonalOperator, HStackOperator, SparseOperator, VStackOperator,
                     solve_lp)
 from tests.test_solver_oracle import constructed_lp, to_torch
 

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from solver import (DiagonalOperator, HStackOperator, LPInputError, LPLayer, LPSolverError,
+from lpmetrics.solver import (DiagonalOperator, HStackOperator, LPInputError, LPLayer, LPSolverError,
                     SparseOperator, VStackOperator, solve_lp)
-from solver.highs import check_call
+from lpmetrics.solver.highs import check_call
 from tests.test_solver_oracle import (check_against_highs, constructed_lp, highs, random_lp,
                                       to_torch)
 

@@ -10,7 +10,7 @@ import pytest
 import scipy.sparse as sp
 from scipy.optimize import linprog
 
-from solver import highs
+from lpmetrics.solver import highs
 
 
 def random_lp(seed, n=60, m=50, p=2, dense=False):

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 import torch
 
-import solver.solve as solve_mod
-from objectives.ratio import (F1LPLoss, FBetaLPLoss, JaccardLPLoss, PrecisionAtRecallLPLoss,
+import lpmetrics.solver.solve as solve_mod
+from lpmetrics.objectives.ratio import (F1LPLoss, FBetaLPLoss, JaccardLPLoss, PrecisionAtRecallLPLoss,
                               phi_of_logits)
-from solver import LPInputError, host_guess, solve_lp
+from lpmetrics.solver import LPInputError, host_guess, solve_lp
 from tests.test_solver_square_active import planted_lp
 
 f64 = torch.float64

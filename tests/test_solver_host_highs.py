@@ -18,10 +18,10 @@ import torch
 from scipy.optimize import linprog
 from scipy.sparse.linalg import splu
 
-import solver.solve as solve_mod
-from solver import LPInputError, LPSolverError, highs, host_highs, solve_lp
-from solver.active_lu import _diagonal, lu_of_arrays, nonsingular_lu
-from solver.scipy_ops import HostCSR, csr_matvec
+import lpmetrics.solver.solve as solve_mod
+from lpmetrics.solver import LPInputError, LPSolverError, highs, host_highs, solve_lp
+from lpmetrics.solver.active_lu import _diagonal, lu_of_arrays, nonsingular_lu
+from lpmetrics.solver.scipy_ops import HostCSR, csr_matvec
 from tests.test_solver_host_guess import _both as _both_routes
 from tests.test_solver_host_guess import _compare, _same, _spy_general
 from tests.test_solver_sparse_recovery import budget_lp, csr
@@ -276,7 +276,7 @@ def _zero_row_lp(seed):
 @pytest.mark.parametrize("dense", [False, True])
 @pytest.mark.parametrize("seed", range(4))
 def test_void_rows_stay_out_of_the_square_system(monkeypatch, seed, dense):
-    from solver import square_active
+    from lpmetrics.solver import square_active
     c, A, b, E, be = _zero_row_lp(seed)
     mat = (lambda X: torch.tensor(X.toarray())) if dense else csr
 

@@ -10,8 +10,8 @@ import scipy.sparse as sp
 import torch
 from scipy.optimize import linprog
 
-from solver import LPSolverError, MPSFormatError, solve_lp
-from solver.mps import read_mps, to_standard_form
+from lpmetrics.solver import LPSolverError, MPSFormatError, solve_lp
+from lpmetrics.solver.mps import read_mps, to_standard_form
 
 ROOT = Path(__file__).resolve().parents[1]
 NETLIB = ROOT / "solver" / "instances" / "netlib"

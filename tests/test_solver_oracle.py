@@ -13,7 +13,7 @@ import pytest
 import torch
 from scipy.optimize import linprog
 
-from solver import solve_lp
+from lpmetrics.solver import solve_lp
 
 
 def constructed_lp(rng, m, n, p=0, degenerate=False, dual_degenerate=False):

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from solver import LPSolverError, solve_lp
+from lpmetrics.solver import LPSolverError, solve_lp
 from tests.test_solver_oracle import constructed_lp, highs, to_torch
 
 D = torch.float64

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from solver import solve_lp
-from solver.problem import build_problem
-from solver.scaling import ruiz_factors
+from lpmetrics.solver import solve_lp
+from lpmetrics.solver.problem import build_problem
+from lpmetrics.solver.scaling import ruiz_factors
 from tests.test_solver_oracle import constructed_lp, highs, to_torch
 
 D = torch.float64

@@ -15,9 +15,9 @@ import scipy.sparse as sp
 import torch
 from scipy.optimize import linprog
 
-from solver import SparseOperator, solve_lp
-from solver.linsolve import NewtonSystem
-from solver.operators import SparseOperator as _SparseOp
+from lpmetrics.solver import SparseOperator, solve_lp
+from lpmetrics.solver.linsolve import NewtonSystem
+from lpmetrics.solver.operators import SparseOperator as _SparseOp
 
 warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
 
@@ -130,7 +130,7 @@ def test_host_recovery_equals_the_torch_recovery(seed, batched, monkeypatch):
     and gradients w.r.t. ``b`` and the sparse values, to roundoff.  ``batched``: two LPs with
     one pattern each (3-D indices), the values' gradient per LP; otherwise one ``A`` shared by
     two right-hand sides, its gradient summed over the batch."""
-    from solver import square_active
+    from lpmetrics.solver import square_active
     c, A, b = budget_lp(seed, n=30, m0=30, density=0.12)
     g = np.random.default_rng(100 + seed)
     coo = A.tocoo()

@@ -14,9 +14,9 @@ import pytest
 import torch
 from scipy.optimize import linprog
 
-from solver import solve_lp
-from solver import square_active
-from solver.recover import GUESS_TIGHT
+from lpmetrics.solver import solve_lp
+from lpmetrics.solver import square_active
+from lpmetrics.solver.recover import GUESS_TIGHT
 
 f64 = torch.float64
 
@@ -148,7 +148,7 @@ def test_ill_conditioned_system_is_refused():
     """``cond(M)`` above ``1e4`` (the Cholesky path's ``cond(K_T) <= 1e8``): no host LU, the
     torch path certifies the guess instead (and still solves the LP)."""
     c, A, b, E, be, z = tensors(*planted_lp(3, n=5, m=8, p=1, zeros=1))
-    from solver.problem import build_problem
+    from lpmetrics.solver.problem import build_problem
     assert square_active.recover(build_problem(c, A, b, E, be), z[None], 1e-8, GUESS_TIGHT) is not None
     active = (A @ z - b).abs() <= 1e-12
     scale = torch.where(active, 1e6, 1.0)            # the active rows: cond(M) ~ 1e6
@@ -161,7 +161,7 @@ def test_ill_conditioned_system_is_refused():
 
 @pytest.mark.parametrize("seed", range(3))
 def test_f1_loss_gradient_by_finite_differences(seed):
-    from objectives.ratio import F1LPLoss
+    from lpmetrics.objectives.ratio import F1LPLoss
     g = torch.Generator().manual_seed(seed)
     logits = torch.randn(24, 2, generator=g, dtype=f64).requires_grad_(True)
     labels = (torch.rand(24, generator=g) < 0.5).long()
@@ -192,7 +192,7 @@ def test_box_vertex_with_a_vanishing_denominator_warns_nothing():
     """numpy's division warnings stay out of a training log: the non-finite guess is the
     defined outcome there (skipped by the solver, previous test)."""
     import warnings as _w
-    from objectives.fractional import box_vertex
+    from lpmetrics.objectives.fractional import box_vertex
     num = torch.tensor([1.0, -1.0, 0.5], dtype=f64)
     den = torch.tensor([1.0, 1.0, 1.0], dtype=f64)
     phi = torch.zeros(3, dtype=f64)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import train
-from objectives.base import Objective
+from lpmetrics.objectives.base import Objective
 
 ROOT = train.Path(__file__).resolve().parents[1]
 SHORT = ["dataset=digits", "model=mlp", "trainer.max_steps=20", "trainer.eval_every=10",

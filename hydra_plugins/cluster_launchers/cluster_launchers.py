@@ -154,7 +154,7 @@ def requeue_overrides(overrides: Sequence[str], run_dir: Path, sweep_dir: Path) 
     """The overrides a requeued job runs with: ``resume=true`` (a ``resume=force`` given is kept)
     and its run folder ``run_dir`` pinned, once the folder holds a checkpoint; unchanged before
     the first (the job then starts again from step 0)."""
-    from runfolder import LAST, PREVIOUS   # the project's names; torch is loaded in the job
+    from lpmetrics.run.runfolder import LAST, PREVIOUS   # the project's names; torch is loaded in the job
 
     if not any((run_dir / name).is_file() for name in (LAST, PREVIOUS)):
         return list(overrides)

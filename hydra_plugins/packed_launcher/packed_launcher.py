@@ -60,7 +60,7 @@ class PackedLauncher(Launcher):
         self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        from packed.launch import Job, train_packed   # torch and the project: only when launching
+        from lpmetrics.packed.launch import Job, train_packed   # torch and the project: only when launching
 
         setup_globals()
         assert self.config is not None and self.hydra_context is not None

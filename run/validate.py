@@ -1,0 +1,220 @@
+"""Check a run's config before anything is built: ``validate(cfg)`` before the data and the model,
+``validate(cfg, bundle)`` right after the split is built (the rules that need its size).
+
+Each failure is a :class:`ConfigError` whose message names the key, the value and a fix;
+``train.main`` reports it as a clean Hydra error (one message, no traceback). Rules:
+
+* ``trainer.max_steps``, ``eval_every``, ``batch_size``, ``eval_batch_size``, ``log_every`` are
+  integers >= 1 (0 used to fail late with ``IndexError`` / ``ZeroDivisionError``);
+  ``trainer.max_grad_norm`` is null or finite > 0; ``trainer.eval_bn`` is eval or train; ``trainer.precision`` fp32 or bf16;
+  ``trainer.checkpoints`` and ``trainer.trust_checkpoint`` booleans;
+  ``trainer.init_from`` names an existing file; ``optimizer.lr`` is finite and >= 0;
+* ``seed`` is an integer; ``resume`` is false, true or force; ``dataset.task`` is binary or
+  multiclass; ``dataset.neg_keep`` / ``drop_rate`` are numbers the task accepts
+  (:func:`data.imbalance.drop_fraction`, the rule the split builder applies);
+  ``dataset.split`` is paper or authors, ``dataset.normalize`` per_channel or per_image;
+* ``scheduler.stages`` is null or ``{first, growth}`` that :class:`builders.StageDecayLR` accepts,
+  and then ``scheduler.milestones`` is empty (one schedule, not two stacked);
+* ``device`` exists on this machine (``device=cuda`` without a GPU fails here, not after the data);
+* the objective can train the task (``Objective.tasks``: a binary AUC / ratio loss on a
+  multi-class split is refused) and gets at least ``Objective.min_batch_size`` samples per batch
+  (pairs need two);
+* with the data: ``trainer.batch_size`` is at most the train split (a larger batch trained on the
+  whole split while the results recorded the requested size).
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+TASKS = ("binary", "multiclass")
+RESUME_VALUES = (False, True, "force")
+POSITIVE_INTS = ("max_steps", "eval_every", "batch_size", "eval_batch_size", "log_every")
+PRECISIONS = ("fp32", "bf16")
+EXAMPLES = {"max_steps": 1000, "eval_every": 100, "batch_size": 64, "eval_batch_size": 512,
+            "log_every": 50, "neg_keep": 0.1, "drop_rate": 0.9}
+
+
+class ConfigError(ValueError):
+    """A config value this run cannot use; the message names the key, the value and a fix."""
+
+
+def check_device(name: str) -> torch.device:
+    """``torch.device(name)`` (``auto``: cuda when present), or a :class:`ConfigError` when the
+    device does not exist on this machine."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError) as err:
+        raise ConfigError(f"device={name!r} is not a device name ({err}); use device=auto, cpu, "
+                          "cuda or cuda:N") from None
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ConfigError(f"device={name} but this machine has no usable CUDA GPU "
+                              "(torch.cuda.is_available() is False); use device=auto or device=cpu")
+        if device.index is not None and device.index >= count:
+            raise ConfigError(f"device={name} but this machine has {count} GPU(s) "
+                              f"(cuda:0..cuda:{count - 1}); pick one of them or device=auto")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError(f"device={name} but MPS is not available here; use device=auto or cpu")
+    return device
+
+
+def objective_class(cfg: DictConfig) -> type:
+    """The class that ``objective._target_`` names; a :class:`ConfigError` when it cannot be
+    imported or is not a class (Hydra's ``get_class`` refuses functions)."""
+    from hydra.utils import get_class
+
+    target = OmegaConf.select(cfg, "objective._target_")
+    try:
+        return get_class(target)
+    except Exception as err:  # ImportError, AttributeError, ValueError from Hydra's locator
+        raise ConfigError(f"objective._target_={target!r} is not an importable class ({err}); pick one "
+                          "of configs/objective/*.yaml, e.g. objective=auc_lp") from None
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _error(check: Callable[[], Any]) -> list[str]:
+    """``[message]`` of the ``ValueError`` that ``check()`` raises (none: ``[]``): the rule lives
+    where the value is used, and is checked here before anything is built."""
+    try:
+        check()
+    except ValueError as err:
+        return [str(err)]
+    return []
+
+
+def data_config_problems(cfg: DictConfig) -> list[str]:
+    """The ``dataset`` keys the split builder and the datasets read (before any data are read)."""
+    from lpmetrics.data.datasets import check_normalize
+    from lpmetrics.data.imbalance import drop_fraction
+    from lpmetrics.data.splits import check_protocol
+
+    ds = cfg.dataset
+    knobs = {"neg_keep": ds.get("neg_keep", 1.0), "drop_rate": ds.get("drop_rate", 0.0)}
+    problems = [f"dataset.{key}={value!r} must be a number, e.g. dataset.{key}={EXAMPLES[key]}"
+                for key, value in knobs.items() if not _number(value)]
+    if not problems and ds.get("task") in TASKS:
+        problems += _error(lambda: drop_fraction(ds.task, float(knobs["neg_keep"]),
+                                                 float(knobs["drop_rate"])))
+    return (problems + _error(lambda: check_protocol(ds.get("split", "paper")))
+            + _error(lambda: check_normalize(ds.get("normalize", "per_channel"))))
+
+
+def scheduler_problems(cfg: DictConfig) -> list[str]:
+    """``scheduler.stages`` (the authors' stage schedule) against ``scheduler.milestones``."""
+    from lpmetrics.run.builders import StageDecayLR
+
+    sched = cfg.get("scheduler") or {}
+    stages = sched.get("stages")
+    if not stages:
+        return []
+    if not isinstance(stages, DictConfig):
+        return [f"scheduler.stages={stages!r} must be null or {{first: 2000, growth: 3}}"]
+    problems = []
+    if list(sched.get("milestones") or []):
+        problems.append(f"scheduler.milestones={list(sched.milestones)} and scheduler.stages are both "
+                        "set; the lr would drop at both: set scheduler.milestones=[] for the stage "
+                        "schedule, or scheduler.stages=null for the milestones")
+    dummy = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+    return problems + _error(lambda: StageDecayLR(dummy, first=stages.get("first"),
+                                                  growth=stages.get("growth", 3.0), gamma=sched.gamma))
+
+
+def static_problems(cfg: DictConfig) -> list[str]:
+    """What is wrong with ``cfg`` before any data exist (each item: key, value, fix)."""
+    problems = []
+    seed = cfg.get("seed")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        problems.append(f"seed={seed!r} must be an integer (it seeds the split, the initial weights "
+                        "and the batch order), e.g. seed=0")
+    trainer = cfg.trainer
+    for key in POSITIVE_INTS:
+        value = trainer.get(key)
+        if not _positive_int(value):
+            problems.append(f"trainer.{key}={value!r} must be an integer >= 1, e.g. "
+                            f"trainer.{key}={EXAMPLES[key]}")
+    if "bntrain_batch_size" in trainer and not _positive_int(trainer.bntrain_batch_size):
+        problems.append(f"trainer.bntrain_batch_size={trainer.bntrain_batch_size!r} must be an integer >= 1 "
+                        "(the batch of the BatchNorm-train test evaluation), e.g. trainer.bntrain_batch_size=32")
+    clip = trainer.get("max_grad_norm")
+    if clip is not None and not (isinstance(clip, (int, float)) and math.isfinite(clip) and clip > 0):
+        problems.append(f"trainer.max_grad_norm={clip!r} must be null (no clipping) or a finite "
+                        "number > 0, e.g. 5.0")
+    if trainer.get("eval_bn", "eval") not in ("eval", "train"):
+        problems.append(f"trainer.eval_bn={trainer.get('eval_bn')!r} must be eval or train")
+    if trainer.get("precision", "fp32") not in PRECISIONS:
+        problems.append(f"trainer.precision={trainer.get('precision')!r} must be one of "
+                        f"{', '.join(PRECISIONS)} (bf16: the model under torch.autocast)")
+    if not isinstance(trainer.get("checkpoints", True), bool):
+        problems.append(f"trainer.checkpoints={trainer.get('checkpoints')!r} must be true or false")
+    if not isinstance(trainer.get("trust_checkpoint", False), bool):
+        problems.append(f"trainer.trust_checkpoint={trainer.get('trust_checkpoint')!r} must be true "
+                        "(unpickle an old-format checkpoint in full) or false")
+    if cfg.get("resume") not in RESUME_VALUES:
+        problems.append(f"resume={cfg.get('resume')!r} must be false, true (continue from "
+                        "<run dir>/last.pt) or force (continue although the config differs)")
+    task = OmegaConf.select(cfg, "dataset.task")
+    if task not in TASKS:
+        problems.append(f"dataset.task={task!r} must be one of {TASKS}")
+    lr = OmegaConf.select(cfg, "optimizer.lr")
+    if lr is not None and not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr >= 0):
+        problems.append(f"optimizer.lr={lr!r} must be a finite number >= 0, e.g. 0.1")
+    problems += data_config_problems(cfg) + scheduler_problems(cfg)
+    init_from = trainer.get("init_from")
+    if init_from and not cfg.get("resume") and not Path(str(init_from)).expanduser().is_file():
+        problems.append(f"trainer.init_from={init_from} does not exist; give a last.pt / best.pt "
+                        "of an earlier run (same dataset.task and model), or null")
+    cls = objective_class(cfg)
+    tasks = getattr(cls, "tasks", TASKS)
+    if task in TASKS and task not in tasks:
+        problems.append(f"objective={cls.__name__} trains {'/'.join(tasks)} tasks only but "
+                        f"dataset.task={task}; use a multi-class objective (objective=auc_ova_lp, "
+                        "auc_mu_lp or ce) or dataset.task=binary")
+    need = getattr(cls, "min_batch_size", 1)
+    batch = trainer.get("batch_size")
+    if _positive_int(batch) and batch < need:
+        problems.append(f"trainer.batch_size={batch} is too small for objective={cls.__name__}: "
+                        f"it compares samples within a batch and needs at least {need} (every "
+                        "batch would be degenerate, a zero loss); use e.g. trainer.batch_size=64")
+    return problems
+
+
+def data_problems(cfg: DictConfig, bundle) -> list[str]:
+    """What is wrong with ``cfg`` given the built splits."""
+    problems = []
+    n_train = len(bundle.train)
+    batch = cfg.trainer.batch_size
+    if batch > n_train:
+        problems.append(f"trainer.batch_size={batch} is larger than the train split ({n_train} "
+                        f"samples of dataset={bundle.name}); every step would train on those "
+                        f"{n_train} while the results record {batch}: use "
+                        f"trainer.batch_size<={n_train}")
+    return problems
+
+
+def validate(cfg: DictConfig, bundle=None) -> None:
+    """Raise :class:`ConfigError` listing every problem found (none: return quietly).
+
+    ``bundle=None``: the checks that need no data (call before building anything, device
+    included); with the :class:`data.DataBundle`: the checks that need the split sizes.
+    """
+    problems = static_problems(cfg) if bundle is None else data_problems(cfg, bundle)
+    if bundle is None and not problems:
+        check_device(cfg.device)
+    if problems:
+        head = "invalid config: " if len(problems) == 1 else f"invalid config ({len(problems)} problems):\n  - "
+        raise ConfigError(head + "\n  - ".join(problems))
