@@ -18,7 +18,7 @@ $(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(PY) scripts/demo.py
+	$(PY) -m scripts.demo
 
 # two worker processes of one torch thread each: on a 2-core machine the suite takes about half
 # the wall time of one process (325 s against 629 s here); TEST_WORKERS=0 runs it in one process

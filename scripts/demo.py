@@ -1,7 +1,7 @@
 """`make demo`: train the MLP on imbalanced digits (83 % positives) with several objectives and
 print a small table of test metrics. Runs anywhere (digits ships with scikit-learn), ~1 min on CPU.
 
-    python scripts/demo.py [objective ...]     # default: ce auc_lp f1_lp ppd_sg
+    python -m scripts.demo [objective ...]     # default: ce auc_lp f1_lp ppd_sg
 """
 from __future__ import annotations
 
@@ -11,10 +11,9 @@ from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import train
 
-import train  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 DEFAULT_OBJECTIVES = ("ce", "auc_lp", "f1_lp", "ppd_sg")
 

@@ -2,8 +2,10 @@
 here: scikit-learn's digits (binary 0-4 vs 5-9) and the synthetic teacher data of Song et al.
 NOT the paper's nine tabular datasets (results/surrogate_cpu/README.md says why and how to run them).
 
-    OMP_NUM_THREADS=1 python results/surrogate_cpu/study.py          # train what is missing, print the table
-    OMP_NUM_THREADS=1 python results/surrogate_cpu/study.py --table  # only table.md and curves.png
+    OMP_NUM_THREADS=1 python -m results.surrogate_cpu.study          # train what is missing, print the table
+    OMP_NUM_THREADS=1 python -m results.surrogate_cpu.study --table  # only table.md and curves.png
+
+(from the repository root: a module of the namespace package ``results``, so ``train`` imports.)
 
 Every run trains through ``train.train`` (the code ``python train.py`` runs), into
 ``results/surrogate_cpu/runs/<dataset>/<method>/seed<k>/`` (metrics.csv, results.json; no
@@ -14,17 +16,15 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 
+import train
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-sys.path.insert(0, str(ROOT))
-
-import train  # noqa: E402
 
 DATASETS = ("digits", "synthetic")
 SEEDS = (0, 1, 2)
