@@ -1,4 +1,4 @@
-"""scripts/bench_packed.py: FLOP counts against hand counts, the report's schema on a tiny pack,
+"""scripts/packed/bench_packed.py: FLOP counts against hand counts, the report's schema on a tiny pack,
 the paper tables' run counts against their config comments, and the skip rules."""
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_packed", ROOT / "scripts" / "bench_packed.py")
+    spec = importlib.util.spec_from_file_location("bench_packed", ROOT / "scripts" / "packed" / "bench_packed.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

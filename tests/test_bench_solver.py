@@ -1,4 +1,4 @@
-"""scripts/bench_solver.py on its smallest size: every method runs, the report is written and our
+"""scripts/solver/bench_solver.py on its smallest size: every method runs, the report is written and our
 solver matches HiGHS (relative objective error <= 1e-6, float64 and float32)."""
 import importlib.util
 from pathlib import Path
@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_solver", ROOT / "scripts" / "bench_solver.py")
+    spec = importlib.util.spec_from_file_location("bench_solver", ROOT / "scripts" / "solver" / "bench_solver.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

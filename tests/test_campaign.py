@@ -1,4 +1,4 @@
-"""scripts/campaign.py: the device command end to end on the CPU (digits, a few
+"""scripts/campaign/cli.py: the device command end to end on the CPU (digits, a few
 steps) folds back into run folders equal to train.py's; folding is idempotent and refuses another
 queue version or protocol; plan reports what it skips; make_tables renders "pending"."""
 from __future__ import annotations
@@ -13,13 +13,13 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from scripts.campaign import cli as campaign
+from scripts.campaign import fold as campaign_fold
+from scripts.campaign import queue as campaign_queue
+from scripts.tables import make_tables
+from scripts.campaign.jobs import compose_job, composer
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
-import campaign  # noqa: E402
-import campaign_fold  # noqa: E402
-import campaign_queue  # noqa: E402
-import make_tables  # noqa: E402
-from campaign_jobs import compose_job, composer  # noqa: E402
 
 STEPS = 6
 # two runs of one (cell, seed) block and one that cannot compose
@@ -44,7 +44,7 @@ def queue_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def returned(queue_dir, tmp_path_factory) -> Path:
-    """``campaign.py run`` on the CPU (rates given, no probe): OUT holds what would come back."""
+    """``python -m scripts.campaign run`` on the CPU (rates given, no probe): OUT holds what would come back."""
     out = tmp_path_factory.mktemp("out")
     (out.parent / "speed.json").write_text(json.dumps(SPEED))
     assert campaign.main(["--dir", str(queue_dir), "run", "--out", str(out), "--budget-s", "200",
@@ -58,7 +58,7 @@ def test_gpu_campaign_sh_end_to_end_on_the_cpu(queue_dir, tmp_path):
     out = tmp_path / "out"
     env = {**os.environ, "OUT": str(out), "PY": sys.executable, "OMP_NUM_THREADS": "1", "BUDGET": "200",
            "EVAL_EVERY": "3", "DEVICE": "cpu", "CAMPAIGN_DIR": str(queue_dir), "PROBE_N": "2"}
-    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_campaign.sh")], env=env, cwd=tmp_path,
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "campaign" / "gpu_campaign.sh")], env=env, cwd=tmp_path,
                           capture_output=True, text=True, timeout=500)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert sorted(p.name for p in out.iterdir()) == ["campaign.log", "machine.txt", "plan.json", "runs.jsonl.gz"]
@@ -196,7 +196,7 @@ def test_fold_passes_over_a_folder_whose_command_planned_nothing(queue_dir, retu
 def test_a_second_window_command_refuses_a_machine_without_the_first_ones_state(tmp_path):
     env = {**os.environ, "OUT": str(tmp_path / "out"), "PY": sys.executable, "SECOND": "1",
            "STATE": str(tmp_path / "state")}
-    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_window.sh")], env=env, cwd=tmp_path,
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "campaign" / "gpu_window.sh")], env=env, cwd=tmp_path,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert "SECOND=1 but no" in proc.stdout and "run without SECOND" in proc.stdout
@@ -245,7 +245,7 @@ def test_make_tables_renders_pending_cells_from_the_queue(queue_dir, returned, t
 
 
 def test_windows_counts_the_commands_the_planner_would_fill():
-    import campaign_status
+    from scripts.campaign import status as campaign_status
     # ce: 2.0 ms a step alone, 1.0 per run in a pack of 4 -> a step of a pack of N: 4/3 + 2N/3 ms
     rates = {"budget_s": 100, "margin": 0.5, "eval_every": 1000, "assume": {"ce_twin": "ce"},
              "speed": {"pack_n": 4, "step_ms_per_run_ce": 1.0, "step_ms_solo_ce": 2.0, "eval_ms": 100.0,
@@ -373,7 +373,7 @@ def test_gpu_window_sh_end_to_end_on_the_cpu(queue_dir, tmp_path):
            "EVAL_EVERY": "3", "DEVICE": "cpu", "CAMPAIGN_DIR": str(queue_dir), "PROBE_N": "2",
            "CHECK_ARGS": "--model mlp --steps 4 --n 2", "CHECK_S": "200", "TIMING_S": "200",
            "STATE": str(tmp_path / "state")}
-    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_window.sh")], env=env, cwd=tmp_path,
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "campaign" / "gpu_window.sh")], env=env, cwd=tmp_path,
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert sorted(p.name for p in out.iterdir()) == ["campaign.log", "check_graph.json", "machine.txt", "plan.json",
@@ -402,7 +402,7 @@ def test_gpu_window_sh_end_to_end_on_the_cpu(queue_dir, tmp_path):
     again = {**env, "OUT": str(tmp_path / "out2"), "SECOND": "1"}
     for k in ("CHECK_S", "TIMING_S"):
         again.pop(k)
-    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_window.sh")], env=again, cwd=tmp_path,
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "campaign" / "gpu_window.sh")], env=again, cwd=tmp_path,
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     log2 = (tmp_path / "out2" / "window.log").read_text()
@@ -414,7 +414,7 @@ def test_gpu_window_sh_end_to_end_on_the_cpu(queue_dir, tmp_path):
     assert (state / "planned.txt").read_text().split() == plan["kept"]
     # a third command plans nothing; fold passes over its folder
     third = {**again, "OUT": str(tmp_path / "out3")}
-    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_window.sh")], env=third, cwd=tmp_path,
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "campaign" / "gpu_window.sh")], env=third, cwd=tmp_path,
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0 and json.loads((tmp_path / "out3" / "plan.json").read_text())["kept"] == []
     d = folded_copy(queue_dir, tmp_path / "again")

@@ -1,20 +1,19 @@
-"""scripts/campaign_order.py: the queue's lr rules (seed 0 chooses a cell's lr by validation, seeds
+"""scripts/tables/queue_order.py: the queue's lr rules (seed 0 chooses a cell's lr by validation, seeds
 1-2 train only that lr; the eps ablation takes Table 1's lr first), the plan order by stage, the
 counts make_tables shows as "pending", and host-only entries kept out of device commands."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
+from scripts.campaign import cli as campaign
+from scripts.tables import queue_order
+from scripts.campaign import status as campaign_status
+from scripts.tables.queue_cells import expected_cells
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
-import campaign  # noqa: E402
-import campaign_order  # noqa: E402
-import campaign_status  # noqa: E402
-from campaign_cells import expected_cells  # noqa: E402
 
 LRS = (0.1, 0.01, 0.001)
 
@@ -44,19 +43,19 @@ def cell_queue():
 
 def test_seeds_1_2_wait_for_seed_0_then_train_only_the_chosen_lr(tmp_path):
     q, ledger = cell_queue(), {}
-    st = campaign_order.states(q, ledger, tmp_path)
+    st = queue_order.states(q, ledger, tmp_path)
     assert [st[f"c_lr{lr}_s1"][0] for lr in LRS] == ["waiting"] * 3
-    assert [e["key"] for e in campaign_order.ordered_pending(q, ledger, tmp_path)] == [f"c_lr{lr}_s0" for lr in LRS]
+    assert [e["key"] for e in queue_order.ordered_pending(q, ledger, tmp_path)] == [f"c_lr{lr}_s0" for lr in LRS]
     finish(tmp_path, ledger, "c_lr0.1_s0", 0.70)
     finish(tmp_path, ledger, "c_lr0.01_s0", 0.80)
-    assert campaign_order.chosen_lrs(q, ledger, tmp_path) == {}          # lr 0.001 still open
+    assert queue_order.chosen_lrs(q, ledger, tmp_path) == {}          # lr 0.001 still open
     finish(tmp_path, ledger, "c_lr0.001_s0", 0.75)
-    assert campaign_order.chosen_lrs(q, ledger, tmp_path) == {"c": 0.01}
-    st = campaign_order.states(q, ledger, tmp_path)
+    assert queue_order.chosen_lrs(q, ledger, tmp_path) == {"c": 0.01}
+    st = queue_order.states(q, ledger, tmp_path)
     assert {k: v[0] for k, v in st.items() if k.endswith(("s1", "s2"))} == {
         "c_lr0.1_s1": "not needed", "c_lr0.01_s1": "pending", "c_lr0.001_s1": "not needed",
         "c_lr0.1_s2": "not needed", "c_lr0.01_s2": "pending", "c_lr0.001_s2": "not needed"}
-    assert [e["key"] for e in campaign_order.ordered_pending(q, ledger, tmp_path)] == ["c_lr0.01_s1", "c_lr0.01_s2"]
+    assert [e["key"] for e in queue_order.ordered_pending(q, ledger, tmp_path)] == ["c_lr0.01_s1", "c_lr0.01_s2"]
 
 
 @pytest.mark.parametrize("vals, statuses, want", [
@@ -69,7 +68,7 @@ def test_the_choice_is_the_tables_per_cell_rule_on_seed_0(tmp_path, vals, status
     q, ledger = cell_queue(), {}
     for lr, val, status in zip(LRS, vals, statuses):
         finish(tmp_path, ledger, f"c_lr{lr}_s0", val, status)
-    assert campaign_order.chosen_lrs(q, ledger, tmp_path) == {"c": want}
+    assert queue_order.chosen_lrs(q, ledger, tmp_path) == {"c": want}
 
 
 def test_the_anchor_rule_takes_the_anchor_cells_lr_first_and_the_others_later(tmp_path):
@@ -77,22 +76,22 @@ def test_the_anchor_rule_takes_the_anchor_cells_lr_first_and_the_others_later(tm
     eps = [entry(f"e_lr{lr}_s0", "e", 0, lr, "compact", rule="anchor", anchor_cell="a", later="late") for lr in LRS]
     other = entry("x_s0", "x", 0, 0.1, "mid")
     q, ledger = queue_of(*anchor, *eps, other, stages=("s0", "compact", "mid", "late")), {}
-    assert [campaign_order.states(q, ledger, tmp_path)[e["key"]][0] for e in eps] == ["waiting"] * 3
+    assert [queue_order.states(q, ledger, tmp_path)[e["key"]][0] for e in eps] == ["waiting"] * 3
     for lr, val in zip(LRS, (0.6, 0.7, 0.9)):
         finish(tmp_path, ledger, f"a_lr{lr}_s0", val)
     # e at the anchor's lr in its own stage (before x), its other lrs in "late" (after x)
-    assert [e["key"] for e in campaign_order.ordered_pending(q, ledger, tmp_path)] == [
+    assert [e["key"] for e in queue_order.ordered_pending(q, ledger, tmp_path)] == [
         "e_lr0.001_s0", "x_s0", "e_lr0.1_s0", "e_lr0.01_s0"]
 
 
 def test_make_tables_counts_one_run_per_waiting_cell_and_seed_and_none_not_needed(tmp_path):
     q, ledger = cell_queue(), {}
-    count = expected_cells(q, "binary", "neg_keep", None, set(), campaign_order.states(q, ledger, tmp_path))
+    count = expected_cells(q, "binary", "neg_keep", None, set(), queue_order.states(q, ledger, tmp_path))
     assert count == {(("d", 0.1), "ce"): (3 + 2, 0)}      # 3 lrs of seed 0 + one lr for each of seeds 1 and 2
     for lr in LRS:
         finish(tmp_path, ledger, f"c_lr{lr}_s0", 0.5 + lr)
     done = {f"c_lr{lr}_s0" for lr in LRS}
-    count = expected_cells(q, "binary", "neg_keep", None, done, campaign_order.states(q, ledger, tmp_path))
+    count = expected_cells(q, "binary", "neg_keep", None, done, queue_order.states(q, ledger, tmp_path))
     assert count == {(("d", 0.1), "ce"): (5, 3)}
     assert expected_cells(q, "binary", "neg_keep", None, set()) == {(("d", 0.1), "ce"): (9, 0)}   # no rules
 
@@ -121,7 +120,7 @@ def test_status_windows_prices_device_runs_and_lists_host_only_apart(tmp_path):
 
 
 def test_the_augmented_arm_has_its_own_rows_and_pending_counts(tmp_path):
-    from campaign_cells import row_name
+    from scripts.tables.queue_cells import row_name
     paper = entry("p", "p", 0, 0.1, "s0", overrides=["dataset=d", "objective=ce"])
     aug = entry("a", "a", 0, 0.1, "s0", overrides=["regime=augmented", "dataset=d", "objective=ce"])
     assert row_name(paper) == "ce" and row_name(aug) == "ce (regime=augmented)"
@@ -132,7 +131,7 @@ def test_the_augmented_arm_has_its_own_rows_and_pending_counts(tmp_path):
 def test_the_table_reports_the_lr_seed_0_chose_with_all_its_seeds():
     """make_tables' per-cell rule compares lrs on the seeds every lr ran: with seeds 1-2 only at
     seed 0's choice, a weaker mean at that lr does not hand the cell to another lr's single run."""
-    import make_tables
+    from scripts.tables import make_tables
 
     def run(lr, seed, val):
         return make_tables.Run(Path(f"/x/{lr}_{seed}/results.json"), "ce", ("d", 0.1), lr, seed, 70.0, val, {},
@@ -171,7 +170,7 @@ def test_a_stale_entry_in_the_probe_window_falls_back_to_the_default_mode(monkey
     no longer composes must not end the command (the default mode, and why)."""
     import types
 
-    import gpu_tables
+    from scripts.campaign import gpu_tables
     good = {"key": "g", "objective": "ce", "overrides": ["dataset=digits", "model=mlp", "objective=ce"],
             "experiment": "table1_binary"}
     bad = {**good, "key": "stale", "overrides": [*good["overrides"], "trainer.no_such_key=1"]}

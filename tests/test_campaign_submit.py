@@ -1,6 +1,6 @@
-"""scripts/campaign_submit.py: ``campaign.py submit`` hands the wanted runs to submitit, one job per
+"""scripts/campaign/submit.py: ``python -m scripts.campaign submit`` hands the wanted runs to submitit, one job per
 pack (submitit's real local executor here, SLURM on a cluster); each job writes what a GPU window
-returns, so ``fold`` takes it unchanged and the tables equal those of ``campaign.py run``; a queue
+returns, so ``fold`` takes it unchanged and the tables equal those of ``python -m scripts.campaign run``; a queue
 whose configs no longer compose is refused before anything is submitted."""
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from scripts.campaign import cli as campaign
+from scripts.campaign import fold as campaign_fold
+from scripts.campaign import queue as campaign_queue
+from scripts.campaign import submit as campaign_submit
+from scripts.tables import make_tables
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
-import campaign  # noqa: E402
-import campaign_fold  # noqa: E402
-import campaign_queue  # noqa: E402
-import campaign_submit  # noqa: E402
-import make_tables  # noqa: E402
 
 pytest.importorskip("submitit")
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from scripts.campaign import gpu_tables
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
-import gpu_tables  # noqa: E402
 
 SPEED = {"step_ms_per_run_ce": 1.0, "step_ms_per_run_auc_lp": 2.0, "step_ms_per_run_ppd_sg": 1.0,
          "step_ms_per_run_ppd_adagrad": 1.0, "eval_ms": 100.0}
@@ -57,7 +57,7 @@ def test_plan_keeps_the_prefix_that_fits_and_shortens_when_the_first_block_does_
 def test_end_to_end_on_the_cpu_with_a_few_steps(tmp_path):
     env = {**os.environ, "OUT": str(tmp_path / "out"), "PY": sys.executable, "OMP_NUM_THREADS": "1",
            "BUDGET": "200", "STEPS": "6", "EVAL_EVERY": "3", "SEEDS": "0", "LRS": "0.1", "DEVICE": "cpu"}
-    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_tables.sh"), "digits"], env=env, cwd=tmp_path,
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "campaign" / "gpu_tables.sh"), "digits"], env=env, cwd=tmp_path,
                           capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = tmp_path / "out"

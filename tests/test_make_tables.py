@@ -1,4 +1,4 @@
-"""scripts/make_tables.py on hand-made run folders: which runs share a cell, which lr is reported,
+"""scripts/tables/make_tables.py on hand-made run folders: which runs share a cell, which lr is reported,
 what the three output formats print, and what it says about runs it cannot place."""
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from scripts.tables import make_tables
+from scripts.tables.paper_numbers import PAPER
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))  # make_tables imports its sibling paper_numbers
-import make_tables  # noqa: E402
-from paper_numbers import PAPER  # noqa: E402
 
 
 def fake_run(folder: Path, *, objective="auc_lp", dataset="cifar10", level=0.1, seed=0, lr=0.1, test=0.70,
@@ -231,7 +231,7 @@ def test_missing_validation_blocks_lr_selection_but_not_rule_none(tmp_path, caps
 
 
 def test_cli_exits_nonzero_when_nothing_is_found(tmp_path):
-    cmd = [sys.executable, "scripts/make_tables.py", str(tmp_path)]
+    cmd = [sys.executable, "-m", "scripts.tables.make_tables", str(tmp_path)]
     empty = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     assert empty.returncode == 1 and "found 0 results.json" in empty.stderr and "nothing to place" in empty.stderr
     assert empty.stdout == ""

@@ -21,9 +21,9 @@ import lpmetrics
 from lpmetrics.run.runfolder import config_differences
 from lpmetrics.run.targets import LEGACY_ROOTS, package_target, short_target, upgrade_targets
 
+from scripts.tables.make_tables import protocol
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
-from make_tables import protocol  # noqa: E402
 
 
 def run_outside(code: str, cwd: Path) -> subprocess.CompletedProcess:

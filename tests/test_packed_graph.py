@@ -8,7 +8,7 @@ change the lr twice:
 - it recaptures exactly when an lr or the frozen set changes;
 - the divergence step it records comes from the device counter, not from the captured step;
 - it refuses packs that cannot be captured, and says why.
-(That the capture itself works on a GPU is ``scripts/check_packed_device.py``'s job.)
+(That the capture itself works on a GPU is ``scripts/packed/check_packed_device.py``'s job.)
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 ``gemm`` is recorded as unavailable there): exact modes pass the gate, a candidate perturbed past
 the gate fails it and is never timed nor chosen, one that raises is recorded and left out, the
 budget is kept (a tiny one still returns the default, with the reason), any error falls back to
-the default; ``campaign.py run --select-mode`` selects before the probe, prices and trains that
+the default; ``python -m scripts.campaign run --select-mode`` selects before the probe, prices and trains that
 mode and records the selector in plan.json."""
 from __future__ import annotations
 
@@ -20,10 +20,10 @@ from lpmetrics.packed import select
 from lpmetrics.packed.launch import Job
 from lpmetrics.packed.model import PackedModels
 
+from scripts.campaign import cli as campaign
+from scripts.campaign import queue as campaign_queue
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
-import campaign  # noqa: E402
-import campaign_queue  # noqa: E402
 
 SET = ["dataset=digits", "model=mlp", "device=cpu", "logger=csv", "trainer.checkpoints=false"]
 
@@ -155,7 +155,7 @@ def test_on_cuda_the_reference_is_tf32_on_vs_off_and_loop_passes(compose_cfg, tm
 
 
 def test_the_probe_times_the_mode_it_is_given(compose_cfg):
-    import gpu_tables
+    from scripts.campaign import gpu_tables
     cfg = compose_cfg([*SET, "objective=ce"])
     speed = gpu_tables.measure(cfg, [*SET, "objective=ce"], torch.device("cpu"), 2, 1, ["ce"],
                                "table1_binary", mode="vmap")

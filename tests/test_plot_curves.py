@@ -1,13 +1,12 @@
-"""scripts/plot_curves.py: runs grouped as make_tables pools them, one mean curve per setting."""
+"""scripts/tables/plot_curves.py: runs grouped as make_tables pools them, one mean curve per setting."""
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
+from scripts.tables import plot_curves
+from tests.test_make_tables import fake_run  # (one hand-made run folder shape)
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
-import plot_curves  # noqa: E402
-from tests.test_make_tables import fake_run  # noqa: E402  (one hand-made run folder shape)
 
 
 def _with_curve(folder: Path, values: list[float]) -> None:

@@ -4,14 +4,13 @@ brings as its optimizer; regime=augmented is our recipe, the single-run defaults
 delta is its authors' 0.5."""
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
+from scripts.campaign.jobs import composer
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
-from campaign_jobs import composer  # noqa: E402
 
 TABLES = ("table1_binary", "table_eps", "table_f1", "table2_multiclass")
 

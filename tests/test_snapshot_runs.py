@@ -1,4 +1,4 @@
-"""scripts/snapshot_runs.sh: what a results folder keeps of a run that lives outside the repository
+"""scripts/tables/snapshot_runs.sh: what a results folder keeps of a run that lives outside the repository
 (metrics, results, config, evaluation lines, the last progress line), never a checkpoint."""
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def test_copies_the_small_files_and_never_a_checkpoint(tmp_path):
     src, dst = tmp_path / "runs", tmp_path / "results"
     fake_run(src / "a_s0", finished=True)
     fake_run(src / "b_s0", finished=False)
-    proc = subprocess.run(["bash", str(ROOT / "scripts" / "snapshot_runs.sh"), str(src), str(dst), "^a_"],
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "tables" / "snapshot_runs.sh"), str(src), str(dst), "^a_"],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert sorted(p.name for p in dst.iterdir()) == ["a_s0"]   # the name filter
@@ -42,6 +42,6 @@ def test_copies_the_small_files_and_never_a_checkpoint(tmp_path):
     assert (out / "evals.log").read_text().splitlines() == ["step=500 lr=0.1 val_auc=0.7",
                                                             "[train] resuming from last.pt at step 500"]
     assert (out / "progress.txt").read_text() == "train:  70%| 700/1000\n"
-    subprocess.run(["bash", str(ROOT / "scripts" / "snapshot_runs.sh"), str(src), str(dst)], check=True,
+    subprocess.run(["bash", str(ROOT / "scripts" / "tables" / "snapshot_runs.sh"), str(src), str(dst)], check=True,
                    capture_output=True)
     assert not (dst / "b_s0" / "results.json").exists() and not list(dst.rglob("*.pt"))

@@ -167,7 +167,7 @@ def test_infeasible_and_unbounded_mps_raise_typed_errors(tmp_path):
 
 def test_public_benchmark_smoke(tmp_path):
     spec = importlib.util.spec_from_file_location(
-        "bench_solver_public", ROOT / "scripts" / "bench_solver_public.py")
+        "bench_solver_public", ROOT / "scripts" / "solver" / "bench_solver_public.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     folder = tmp_path / "lps"

@@ -169,7 +169,7 @@ def test_dense_rows_enter_as_a_low_rank_update(seed, equality):
 
 
 def test_auto_picks_sparse_with_a_budget_row():
-    """A budget row (the ``ones`` LP of ``scripts/time_sparse_lp.py``, in small) does not send
+    """A budget row (the ``ones`` LP of ``scripts/solver/time_sparse_lp.py``, in small) does not send
     Newton to the dense Cholesky path; the vertex, the value and the gradient are the dense path's
     (and HiGHS's)."""
     rng = np.random.default_rng(1)

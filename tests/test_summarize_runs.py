@@ -1,11 +1,11 @@
-"""scripts/summarize_runs.py: one row per run folder, from the last row of its metrics.csv."""
+"""scripts/tables/summarize_runs.py: one row per run folder, from the last row of its metrics.csv."""
 from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("summarize_runs", ROOT / "scripts" / "summarize_runs.py")
+spec = importlib.util.spec_from_file_location("summarize_runs", ROOT / "scripts" / "tables" / "summarize_runs.py")
 summarize = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(summarize)
 

@@ -1,4 +1,4 @@
-"""scripts/time_highs_overhead.py: runs on the host route and leaves solver/ as it found it."""
+"""scripts/solver/time_highs_overhead.py: runs on the host route and leaves solver/ as it found it."""
 import importlib.util
 from pathlib import Path
 
@@ -9,7 +9,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _script():
     spec = importlib.util.spec_from_file_location("time_highs_overhead",
-                                                  ROOT / "scripts" / "time_highs_overhead.py")
+                                                  ROOT / "scripts" / "solver" / "time_highs_overhead.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
