@@ -1,7 +1,7 @@
 """Checkpoints load without running code: ``train.py`` and the packed launcher write only what
 ``torch.load(..., weights_only=True)`` reads, every load goes through :func:`runfolder.torch_load`,
 and a checkpoint that needs more is refused with :class:`runfolder.UnsafeCheckpointError` by
-``eval.py``, ``resume=true``, ``trainer.init_from`` and ``scripts/nmf_heatmaps.py``, unless the
+``eval.py``, ``resume=true``, ``trainer.init_from`` and ``scripts/solver/nmf_heatmaps.py``, unless the
 caller opts in (``trainer.trust_checkpoint=true``, ``--trust-checkpoint``).
 
 The hostile file carries an object whose ``__reduce__`` writes a marker file when unpickled (a
@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SHORT = ["dataset=digits", "model=mlp", "trainer.max_steps=20", "trainer.eval_every=10",
          "trainer.batch_size=32", "device=cpu", "logger=csv"]
 
-spec = importlib.util.spec_from_file_location("nmf_heatmaps", ROOT / "scripts" / "nmf_heatmaps.py")
+spec = importlib.util.spec_from_file_location("nmf_heatmaps", ROOT / "scripts" / "solver" / "nmf_heatmaps.py")
 nmf_heatmaps = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(nmf_heatmaps)
 

@@ -32,11 +32,10 @@ from lpmetrics.run.builders import build_model
 from lpmetrics.data import build_data
 from lpmetrics.packed.launch import Job, train_packed
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))  # make_tables imports its siblings
-import campaign_queue  # noqa: E402
-import make_tables  # noqa: E402
+from scripts.campaign import queue as campaign_queue
+from scripts.tables import make_tables
 
+ROOT = Path(__file__).resolve().parents[1]
 BN_MLP = [f"model._target_={__name__}.bn_mlp", "model.hidden=[16]"]
 SHORT = ["dataset=digits", *BN_MLP, "trainer.max_steps=20", "trainer.eval_every=10",
          "trainer.batch_size=32", "device=cpu", "logger=csv", "optimizer.lr=0.1"]

@@ -47,9 +47,9 @@ def test_misspecified_student_is_an_option(compose_cfg):
     assert hidden == [256, 256] != list(cfg.dataset.source.hidden)
 
 
-# --- scripts/nmf_heatmaps.py reads train.py checkpoints ------------------------------------------
+# --- scripts/solver/nmf_heatmaps.py reads train.py checkpoints ------------------------------------------
 
-spec = importlib.util.spec_from_file_location("nmf_heatmaps", ROOT / "scripts" / "nmf_heatmaps.py")
+spec = importlib.util.spec_from_file_location("nmf_heatmaps", ROOT / "scripts" / "solver" / "nmf_heatmaps.py")
 nmf_heatmaps = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(nmf_heatmaps)
 
