@@ -43,7 +43,7 @@ from sklearn.metrics import roc_curve
 
 from lpmetrics.run import runfolder
 from lpmetrics.run.targets import upgrade_targets
-from lpmetrics.run.atomic import atomic_write, atomic_write_json
+from lpmetrics.atomic import atomic_write, atomic_write_json
 from lpmetrics.run.builders import build_model, config_from_checkpoint, predict, resolve_device
 from lpmetrics.metrics import auc_ova_per_class, evaluate, roc_scores
 

@@ -54,11 +54,11 @@ from __future__ import annotations
 
 import torch
 
-from baselines.direct_loss_01 import ZeroOneTask
+from lpmetrics.baselines.direct_loss_01 import ZeroOneTask
 from lpmetrics.baselines.direct_loss_ap import APTask
+from lpmetrics.errors import ConfigError
 from lpmetrics.objectives.base import Objective
 from lpmetrics.objectives.common import binary_scores, check_labels, finite_positive, zero_loss
-from lpmetrics.run.validate import ConfigError
 
 TASK_LOSSES = {"ap": APTask, "zero_one": ZeroOneTask}
 UPDATES = ("positive", "negative", "hinge", "perceptron")

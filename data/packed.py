@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from lpmetrics.run.atomic import atomic_write
+from lpmetrics.atomic import atomic_write
 from lpmetrics.data.errors import DamagedDatasetError
 
 PACK_KEYS = ("class_names", "train_buf", "train_off", "train_y", "test_buf", "test_off", "test_y")

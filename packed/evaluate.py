@@ -1,12 +1,12 @@
 r"""A pack's evaluation in one pass over its evaluation sets: :class:`PackEvaluator`, :func:`pack_predict`.
 
-Why. A run's evaluation (:meth:`train.Run.evaluate`) scores val and test through
+Why. A run's evaluation (:meth:`run.job.Run.evaluate`) scores val and test through
 :func:`builders.predict`, one model at a time: ~0.22 s per run and evaluation on an H100, so a
 pack of 32 runs evaluating together pays ~7 s, a third of its time at the pack speeds the
 campaign aims for. The pack's forward computes every run at once (``packed(x)``, ``x [N, B, ...]``
 -> ``[N, B, K]``), so one pass over the sets gives every run's logits.
 
-What is computed. Per run, :func:`train.evaluate` asks :func:`builders.predict` for the logits of
+What is computed. Per run, :func:`run.evaluation.evaluate` asks :func:`builders.predict` for the logits of
 each of its evaluation splits in its ``trainer.eval_bn`` mode (batches of
 ``trainer.eval_batch_size``), and of test in the other mode too (``test_bntrain_*``: batches of
 ``trainer.bntrain_batch_size``; ``test_bneval_*`` for an ``eval_bn=train`` run). :func:`pack_predict`
@@ -17,10 +17,10 @@ them, running statistics untouched (the BN-train pass normalises by per-batch st
 per run are its own rows of the pack; its running-statistic updates go to a scratch copy of the
 buffers, as predict runs a copy of the model), no global RNG moved, the pack's mode restored.
 
-Metrics. They are the run's own: :meth:`train.Run.evaluate` runs per run as before (its row, lr,
+Metrics. They are the run's own: :meth:`run.job.Run.evaluate` runs per run as before (its row, lr,
 train loss, objective statistics, the degenerate-batch check, ``metrics.csv``, ``best.pt``,
 ``last.pt``), and :meth:`PackEvaluator.serving` yields the ``predict_fn`` it passes to
-:func:`train.evaluate`: it looks each request up (model, dataset, batch size, BN mode) and returns
+:func:`run.evaluation.evaluate`: it looks each request up (model, dataset, batch size, BN mode) and returns
 the pack's logits and labels, so ``metrics.evaluate`` (score per task: the margin ``l_1 - l_0``
 for binary, softmax for AUC_mu) sees what it would have seen; a request it does not hold goes to
 :func:`builders.predict`.
@@ -63,10 +63,11 @@ import numpy as np
 import torch
 from torch import nn
 
-import train
-from lpmetrics.run.builders import BN_MODES, predict
 from lpmetrics.data.stream import gather
 from lpmetrics.packed.model import PackedModels
+from lpmetrics.run.builders import BN_MODES, predict
+from lpmetrics.run.evaluation import evaluate
+from lpmetrics.run.job import Run
 
 log = logging.getLogger(__name__)
 
@@ -141,8 +142,8 @@ def pack_predict(packed: PackedModels, datasets: list, *, batch_size: int = 512,
     return [(torch.cat(z)[back].numpy(), torch.cat(y)[back].numpy()) for z, y in zip(logits, labels)]
 
 
-def requests(run: "train.Run") -> list[tuple[str, str, int]]:
-    """The ``(split, bn_mode, batch_size)`` of each predict call :func:`train.evaluate` makes for
+def requests(run: Run) -> list[tuple[str, str, int]]:
+    """The ``(split, bn_mode, batch_size)`` of each predict call :func:`run.evaluation.evaluate` makes for
     ``run`` (its own mode on each evaluation split; test in the other mode too)."""
     t = run.cfg.trainer
     own = t.get("eval_bn", "eval")
@@ -179,7 +180,7 @@ class PackEvaluator:
         self.served = self.missed = 0   # requests answered from the pack / by builders.predict
 
     def scores(self, runs: dict[int, Any]) -> dict[tuple, tuple[np.ndarray, np.ndarray]]:
-        """The pack's logits for the requests of ``runs`` (pack row -> :class:`train.Run`) that
+        """The pack's logits for the requests of ``runs`` (pack row -> :class:`run.job.Run`) that
         form large enough groups, keyed ``(id(model), id(dataset), batch_size, bn_mode)``."""
         groups: dict[tuple, dict[int, Any]] = {}
         for i, run in runs.items():
@@ -200,8 +201,8 @@ class PackEvaluator:
 
     @contextlib.contextmanager
     def serving(self, runs: dict[int, Any]) -> Iterator[Callable | None]:
-        """The ``predict_fn`` for :func:`train.evaluate` of the runs of ``runs`` (pack row ->
-        :class:`train.Run`) within the block: the pack's logits (computed on entry) where it has
+        """The ``predict_fn`` for :func:`run.evaluation.evaluate` of the runs of ``runs`` (pack row ->
+        :class:`run.job.Run`) within the block: the pack's logits (computed on entry) where it has
         them and :func:`builders.predict`'s otherwise; ``None`` (predict itself) when the pack's
         pass is off or failed."""
         table: dict = {}
@@ -233,7 +234,7 @@ class PackEvaluator:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """``python -m packed.evaluate [--n 4] [--images 128] [--device cpu] [--mode auto]``:
-    one evaluation of a pack (val and test, both BatchNorm modes, as :func:`train.evaluate`
+    one evaluation of a pack (val and test, both BatchNorm modes, as :func:`run.evaluation.evaluate`
     makes it) per run and batched, side by side, on random data; prints the seconds and the
     largest metric difference."""
     import argparse
@@ -271,7 +272,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             for i in range(args.n)}
 
     def once() -> list[dict]:
-        out = [{s: train.evaluate(r.model, r.bundle, s, r.cfg, device) for s in r.eval_splits}
+        out = [{s: evaluate(r.model, r.bundle, s, r.cfg, device) for s in r.eval_splits}
                for r in runs.values()]
         if device.type == "cuda":
             torch.cuda.synchronize()

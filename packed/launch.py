@@ -1,9 +1,9 @@
 """Train the jobs of a multirun as packs: :func:`train_packed` (used by ``hydra/launcher=packed``).
 
-Each job is prepared exactly as ``train.py`` prepares it (:func:`train.prepare_run`: its seed,
+Each job is prepared exactly as ``train.py`` prepares it (:func:`run.prepare.prepare_run`: its seed,
 split, imbalance, initial weights, objective), then jobs that can share a pack are trained as one
 :class:`packed.PackedModels` by :class:`packed.PackedStep`; every job writes its own run folder
-through :class:`train.Run` (``metrics.csv``, ``best.pt``, ``last.pt``, ``results.json``: the
+through :class:`run.job.Run` (``metrics.csv``, ``best.pt``, ``last.pt``, ``results.json``: the
 schema of ``train.py``, plus a ``"packed"`` record and ``"diverged"``).
 
 Grouping. Jobs share a pack when they agree on :data:`PACK_KEYS` and on the input shape and
@@ -58,7 +58,7 @@ says which (``capture_safe_objective``, ``pack_update``).
 Evaluation. Runs of a pack that evaluate at the same step get their logits from one pass of the
 pack over the evaluation sets (:class:`packed.evaluate.PackEvaluator`: the pack's forward on every
 run's batch at once, in both BatchNorm modes), then their metrics, rows and checkpoints from
-:meth:`train.Run.evaluate` as alone; the rows equal per-run evaluation's (bit for bit on the CPU,
+:meth:`run.job.Run.evaluate` as alone; the rows equal per-run evaluation's (bit for bit on the CPU,
 ``tests/test_packed_evaluate.py``). ``batched_eval=False`` evaluates run by run; ``results.json``'s
 ``"packed"`` record counts the predict calls served each way (``evaluation``).
 
@@ -90,11 +90,14 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-import train
-from lpmetrics.run.builders import autocast_dtype, build_model, resolve_device
+from lpmetrics.run.builders import autocast_dtype, build_model, built, resolve_device
 from lpmetrics.data.stream import BatchStream
 from lpmetrics.run.runfolder import _flatten
 from lpmetrics.run.guards import DegenerateBatchesError
+from lpmetrics.run.job import Run
+from lpmetrics.run.prepare import prepare_run
+from lpmetrics.run.rng import rng_state
+from lpmetrics.run.validate import validate
 from lpmetrics.objectives.common import labels_checked
 from lpmetrics.packed.evaluate import PackEvaluator
 from lpmetrics.packed.graph import GraphedStep, capturable, capture_form
@@ -125,14 +128,14 @@ class Job:
 @dataclass
 class _Member:
     job: Job
-    run: train.Run
+    run: Run
     rng: torch.Tensor   # the run's own torch RNG state (for its evaluations)
     stream: Any = None  # its data.stream.BatchStream
     initial: dict = field(default_factory=dict)   # CPU copies of the initial model / objective states
     losses: list = field(default_factory=list)   # training losses since its last evaluation
 
 
-def pack_key(cfg: DictConfig, run: train.Run) -> dict[str, Any]:
+def pack_key(cfg: DictConfig, run: Run) -> dict[str, Any]:
     """The values a job must share with its pack mates."""
     key: dict[str, Any] = {}
     for k in PACK_KEYS:   # a group (``model``) by its leaves, so the log names ``model.hidden``
@@ -184,9 +187,9 @@ def train_packed(jobs: list[Job], max_pack: int | None = None, deadline: float |
             if job.cfg.resume:
                 raise PackedLaunchError(f"{job.name}: resume={job.cfg.resume} is not packed; resume "
                                         "this run folder with `python train.py resume=true ...`")
-            train.validate(job.cfg)
+            validate(job.cfg)
             device = resolve_device(job.cfg.device)
-            run, _ = train.prepare_run(job.cfg, job.run_dir, device)
+            run, _ = prepare_run(job.cfg, job.run_dir, device)
             run.attach_optimizer()   # a bad optimizer config fails this job now, not its pack
         except Exception as err:   # as Hydra's run_job: this job fails, the others still run
             log.error(f"{job.name}: not run: {type(err).__name__}: {err}")
@@ -262,11 +265,11 @@ def _release(members: list[_Member]) -> None:
 
 
 def _fresh(m: _Member) -> None:
-    """The run as :func:`train.prepare_run` left it: a new model with its initial weights, its
+    """The run as :func:`run.prepare.prepare_run` left it: a new model with its initial weights, its
     initial objective state, its data on the device, and no record of steps of an aborted pack."""
     run = m.run
     run.bundle.to(run.device)
-    run.model = train.built("model", run.cfg, lambda: build_model(run.cfg, run.bundle)).to(run.device)
+    run.model = built("model", run.cfg, lambda: build_model(run.cfg, run.bundle)).to(run.device)
     run.model.load_state_dict(m.initial["model"])
     run.objective.load_state_dict(m.initial["objective"])
     run.objective.pop_stats()
@@ -344,7 +347,7 @@ def _evaluate(m: _Member, i: int, step: int, stepper: PackedStep, times: dict, p
     :func:`builders.predict`); an all-empty interval freezes it (recorded)."""
     torch.set_rng_state(m.rng)   # the run's own state, as train.py's checkpoint holds it
     try:
-        m.run.evaluate(step, m.losses, times, train.rng_state, predict_fn=predict_fn)
+        m.run.evaluate(step, m.losses, times, rng_state, predict_fn=predict_fn)
     except DegenerateBatchesError as err:
         stepper.divergences[i] = Divergence(step, f"DegenerateBatchesError: {err}")
         log.warning(f"{m.job.name}: stopped at step {step}: {err}")

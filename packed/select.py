@@ -11,7 +11,7 @@ runs ``train.py`` would. So a window, before it trains, takes its first planned 
    with the launcher's sync-free and pack-update defaults) takes :data:`STEPS` training steps in
    that mode on the runs' own first batches (:class:`data.stream.BatchStream`), and each run's
    parameters are compared with the same run stepped alone ``train.py``'s way (its model,
-   objective, optimizer and schedule, the loop body of :func:`train.train`). With
+   objective, optimizer and schedule, the loop body of :func:`run.loop.train`). With
    :math:`\theta_i` run ``i``'s model parameters flattened,
 
    .. math::
@@ -159,7 +159,7 @@ def _default_dtype(dtype: torch.dtype):
 
 
 def _lone_params(trial: Trial, i: int, dtype=torch.float32, amp: torch.dtype | None = None) -> torch.Tensor:
-    """Run ``i`` alone for the gate's steps, the loop body of :func:`train.train`; its model
+    """Run ``i`` alone for the gate's steps, the loop body of :func:`run.loop.train`; its model
     parameters flattened (float64)."""
     with _default_dtype(dtype):
         run = trial.lone(i, dtype)
@@ -318,17 +318,18 @@ def choose(trial: Trial, budget_s: float = BUDGET_S, cuda_graph: bool = False,
 
 def trial_from_jobs(jobs: list, work: Path, max_pack: int | None = None, steps: int = STEPS) -> Trial:
     """The first pack the launcher would form of ``jobs`` (:class:`packed.launch.Job`), each run
-    prepared as :func:`train.prepare_run` prepares it (run folders under ``work``)."""
-    import train
+    prepared as :func:`run.prepare.prepare_run` prepares it (run folders under ``work``)."""
     from lpmetrics.run.builders import autocast_dtype, resolve_device
+    from lpmetrics.run.prepare import prepare_run
+    from lpmetrics.run.validate import validate
     from lpmetrics.data.stream import BatchStream
     from lpmetrics.packed.launch import group, pack_key
     runs = []
     for k, job in enumerate(jobs):
         if job.cfg.resume:
             raise ValueError(f"{job.name}: resume={job.cfg.resume}; the selector takes fresh runs only")
-        train.validate(job.cfg)
-        runs.append(train.prepare_run(job.cfg, work / (job.name or str(k)), resolve_device(job.cfg.device))[0])
+        validate(job.cfg)
+        runs.append(prepare_run(job.cfg, work / (job.name or str(k)), resolve_device(job.cfg.device))[0])
     first = group([pack_key(r.cfg, r) for r in runs], max_pack)[0][0]
     runs, names = [runs[i] for i in first], [jobs[i].name or str(i) for i in first]
     device = runs[0].device
@@ -345,7 +346,7 @@ def trial_from_jobs(jobs: list, work: Path, max_pack: int | None = None, steps: 
 
 
 def _attached(run, model, objective) -> tuple:
-    """The optimizer and schedule ``train.Run.attach_optimizer`` builds over ``model``, on a
+    """The optimizer and schedule :meth:`run.job.Run.attach_optimizer` builds over ``model``, on a
     shallow twin of ``run`` (the run itself keeps its initial model)."""
     twin = copy.copy(run)
     twin.objective = objective

@@ -1,28 +1,45 @@
-"""Build the run's components from the composed config; shared by train.py, eval.py and scripts.
+"""Build the run's components from the composed config; shared by the run, eval.py and scripts.
 
 Runtime values that only the data knows (number of classes, input shape, positive ratio) are
 declared ``???`` in a component's config; :func:`instantiate_runtime` fills exactly the keys a
-config declares, so no caller branches on which component it builds.
+config declares, so no caller branches on which component it builds. :func:`built` names the
+config group when a constructor refuses its arguments, :func:`resolve_device` refuses a device
+this machine lacks (both a :class:`~lpmetrics.errors.ConfigError`), and :func:`predict` gives the
+logits a run is evaluated on.
 """
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
+from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 from torch.utils.data import Dataset
 
 from lpmetrics.data.stream import gather
+from lpmetrics.errors import ConfigError
 
 
 def instantiate_runtime(cfg: DictConfig, **runtime: Any) -> Any:
     """``hydra.utils.instantiate(cfg)`` passing only the runtime keys ``cfg`` declares."""
     keys = set(cfg.keys()) if isinstance(cfg, DictConfig) else set(cfg)
     return instantiate(cfg, **{k: v for k, v in runtime.items() if k in keys})
+
+
+def built(key: str, cfg: DictConfig, make: Callable[[], Any]) -> Any:
+    """``make()``, turning Hydra's wrapped constructor error into a :class:`~lpmetrics.errors.ConfigError`
+    naming the config group (``objective.epsilon=inf`` -> "objective could not be built ...")."""
+    try:
+        return make()
+    except InstantiationException as err:
+        cause = err.__cause__ if err.__cause__ is not None else err
+        target = OmegaConf.select(cfg, f"{key}._target_")
+        raise ConfigError(f"{key} could not be built from the config ({key}._target_={target}): "
+                          f"{type(cause).__name__}: {cause}") from err
 
 
 def runtime_values(bundle) -> dict[str, Any]:
@@ -40,78 +57,28 @@ def build_model(cfg: DictConfig, bundle) -> nn.Module:
     return instantiate_runtime(cfg.model, **runtime_values(bundle))
 
 
-class StageDecayLR(torch.optim.lr_scheduler.LRScheduler):
-    r"""The authors' stage schedule: the lr is multiplied by ``gamma`` after each stage, stage
-    :math:`k = 1, 2, \dots` lasting :math:`\text{first} \cdot \text{growth}^{k-1}` steps.
-
-    ``binary_auc.py`` of zihangm/nondecomposable-as-lp: ``T_k = c * 3 ** (k - 1)`` steps at
-    ``lr_k = lr0 / 3 ** (k - 1)`` with ``c = 2000``; so with ``first=2000, growth=3, gamma=1/3``
-    the lr drops after steps 2,000, 8,000, 26,000, 80,000, ... (the paper instead states drops at
-    2k / 10k / 25k: ``scheduler.milestones``). Like ``MultiStepLR`` it multiplies the current lr
-    at each boundary, so it composes with optimizers that set their own lr.
-
-    Example::
-
-        >>> opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.9)
-        >>> sched = StageDecayLR(opt, first=2, growth=3, gamma=1 / 3)
-        >>> lrs = []
-        >>> for _ in range(9):
-        ...     lrs.append(round(opt.param_groups[0]["lr"], 4)); opt.step(); sched.step()
-        >>> lrs   # stages of 2, 6, 18, ... steps
-        [0.9, 0.9, 0.3, 0.3, 0.3, 0.3, 0.3, 0.3, 0.1]
-    """
-
-    def __init__(self, optimizer: torch.optim.Optimizer, first: int, growth: float = 3.0,
-                 gamma: float = 1 / 3, last_epoch: int = -1) -> None:
-        if isinstance(first, bool) or not isinstance(first, int) or first < 1:
-            raise ValueError(f"scheduler.stages.first={first!r} must be an integer >= 1 (the length "
-                             "of the first stage in steps; the authors' code: 2000)")
-        if not (isinstance(growth, (int, float)) and growth >= 1):
-            raise ValueError(f"scheduler.stages.growth={growth!r} must be a number >= 1 (each stage "
-                             "is growth times the one before; the authors' code: 3)")
-        self.first, self.growth, self.gamma = int(first), float(growth), float(gamma)
-        super().__init__(optimizer, last_epoch)
-
-    def stages_done(self, step: int) -> tuple[int, bool]:
-        """How many stages have ended by ``step`` (lr drops so far), and whether one ended
-        exactly at ``step`` (the lr drops from this step on)."""
-        if self.growth == 1.0:   # equal stages: closed form (the loop would take step/first turns)
-            return step // self.first, step > 0 and step % self.first == 0
-        done, end, length = 0, self.first, float(self.first)
-        while end <= step:
-            done += 1
-            if end == step:
-                return done, True
-            length *= self.growth
-            end += int(round(length))
-        return done, False
-
-    def get_lr(self) -> list[float]:
-        drop = self.stages_done(self.last_epoch)[1]
-        return [g["lr"] * (self.gamma if drop else 1.0) for g in self.optimizer.param_groups]
-
-    def _get_closed_form_lr(self) -> list[float]:
-        done = self.stages_done(self.last_epoch)[0]
-        return [base * self.gamma ** done for base in self.base_lrs]
-
-
-def build_scheduler(cfg: DictConfig, optimizer: torch.optim.Optimizer
-                    ) -> torch.optim.lr_scheduler.LRScheduler:
-    """The lr schedule of ``cfg.scheduler``: step decay by ``gamma`` at ``milestones`` (the
-    default, the paper's), or, when ``stages`` is set (``{first, growth}``), the authors' stage
-    schedule (:class:`StageDecayLR`; then ``milestones`` must be empty)."""
-    stages = cfg.get("stages")
-    if stages:
-        return StageDecayLR(optimizer, first=stages.get("first"), growth=stages.get("growth", 3.0),
-                            gamma=cfg.gamma)
-    return torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones=list(cfg.milestones), gamma=cfg.gamma)
-
-
 def resolve_device(name: str) -> torch.device:
-    """``auto`` -> cuda when present, else cpu; a device this machine lacks raises
-    :class:`validate.ConfigError` (``device=cuda`` without a GPU) before anything is built."""
-    from lpmetrics.run.validate import check_device
-    return check_device(name)
+    """``torch.device(name)`` (``auto``: cuda when present), or a :class:`~lpmetrics.errors.ConfigError`
+    when the device does not exist on this machine (``device=cuda`` without a GPU), before anything
+    is built."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError) as err:
+        raise ConfigError(f"device={name!r} is not a device name ({err}); use device=auto, cpu, "
+                          "cuda or cuda:N") from None
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ConfigError(f"device={name} but this machine has no usable CUDA GPU "
+                              "(torch.cuda.is_available() is False); use device=auto or device=cpu")
+        if device.index is not None and device.index >= count:
+            raise ConfigError(f"device={name} but this machine has {count} GPU(s) "
+                              f"(cuda:0..cuda:{count - 1}); pick one of them or device=auto")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError(f"device={name} but MPS is not available here; use device=auto or cpu")
+    return device
 
 
 BN_MODES = ("eval", "train")

@@ -1,7 +1,7 @@
 """The code version and the machine behind a run: ``results.json["provenance"]``.
 
 A result whose code cannot be named cannot be rerun, so every run folder written
-through :meth:`train.Run.results` -- ``train.py`` runs, packed and campaign runs alike -- records::
+through :meth:`~lpmetrics.run.job.Run.results` -- ``train.py`` runs, packed and campaign runs alike -- records::
 
     {"git_commit": "3daf590...",   # full sha of HEAD, "unknown" outside a repository / without git
      "git_dirty": false,           # uncommitted changes to tracked or new files; null when unknown

@@ -1,7 +1,7 @@
 """What a run folder holds, written so that a killed run never loses it and a resume never mixes
 two configs.
 
-Files (all written by :mod:`atomic`: temporary file in the folder, fsync, rename):
+Files (all written by :mod:`lpmetrics.atomic`: temporary file in the folder, fsync, rename):
 
 * ``last.pt`` -- the full training state at the latest evaluation; the one before it is kept as
   ``last.prev.pt``. :func:`load_checkpoint` falls back to ``last.prev.pt`` (and says so) when
@@ -42,7 +42,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from lpmetrics.run.targets import is_target_key, short_target
-from lpmetrics.run.atomic import atomic_torch_save, atomic_write_json, atomic_write_text
+from lpmetrics.atomic import atomic_torch_save, atomic_write_json, atomic_write_text
 
 LAST, PREVIOUS, BEST = "last.pt", "last.prev.pt", "best.pt"
 METRICS, RESULTS = "metrics.csv", "results.json"

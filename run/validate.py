@@ -2,7 +2,7 @@
 ``validate(cfg, bundle)`` right after the split is built (the rules that need its size).
 
 Each failure is a :class:`ConfigError` whose message names the key, the value and a fix;
-``train.main`` reports it as a clean Hydra error (one message, no traceback). Rules:
+``train.py``'s ``main`` reports it as a clean Hydra error (one message, no traceback). Rules:
 
 * ``trainer.max_steps``, ``eval_every``, ``batch_size``, ``eval_batch_size``, ``log_every`` are
   integers >= 1 (0 used to fail late with ``IndexError`` / ``ZeroDivisionError``);
@@ -13,7 +13,7 @@ Each failure is a :class:`ConfigError` whose message names the key, the value an
   multiclass; ``dataset.neg_keep`` / ``drop_rate`` are numbers the task accepts
   (:func:`data.imbalance.drop_fraction`, the rule the split builder applies);
   ``dataset.split`` is paper or authors, ``dataset.normalize`` per_channel or per_image;
-* ``scheduler.stages`` is null or ``{first, growth}`` that :class:`builders.StageDecayLR` accepts,
+* ``scheduler.stages`` is null or ``{first, growth}`` that :class:`schedule.StageDecayLR` accepts,
   and then ``scheduler.milestones`` is empty (one schedule, not two stacked);
 * ``device`` exists on this machine (``device=cuda`` without a GPU fails here, not after the data);
 * the objective can train the task (``Objective.tasks``: a binary AUC / ratio loss on a
@@ -31,39 +31,16 @@ from typing import Any, Callable
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from lpmetrics.errors import ConfigError
+from lpmetrics.run.builders import resolve_device
+from lpmetrics.run.schedule import StageDecayLR
+
 TASKS = ("binary", "multiclass")
 RESUME_VALUES = (False, True, "force")
 POSITIVE_INTS = ("max_steps", "eval_every", "batch_size", "eval_batch_size", "log_every")
 PRECISIONS = ("fp32", "bf16")
 EXAMPLES = {"max_steps": 1000, "eval_every": 100, "batch_size": 64, "eval_batch_size": 512,
             "log_every": 50, "neg_keep": 0.1, "drop_rate": 0.9}
-
-
-class ConfigError(ValueError):
-    """A config value this run cannot use; the message names the key, the value and a fix."""
-
-
-def check_device(name: str) -> torch.device:
-    """``torch.device(name)`` (``auto``: cuda when present), or a :class:`ConfigError` when the
-    device does not exist on this machine."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except (RuntimeError, TypeError) as err:
-        raise ConfigError(f"device={name!r} is not a device name ({err}); use device=auto, cpu, "
-                          "cuda or cuda:N") from None
-    if device.type == "cuda":
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if count == 0:
-            raise ConfigError(f"device={name} but this machine has no usable CUDA GPU "
-                              "(torch.cuda.is_available() is False); use device=auto or device=cpu")
-        if device.index is not None and device.index >= count:
-            raise ConfigError(f"device={name} but this machine has {count} GPU(s) "
-                              f"(cuda:0..cuda:{count - 1}); pick one of them or device=auto")
-    if device.type == "mps" and not torch.backends.mps.is_available():
-        raise ConfigError(f"device={name} but MPS is not available here; use device=auto or cpu")
-    return device
 
 
 def objective_class(cfg: DictConfig) -> type:
@@ -116,8 +93,6 @@ def data_config_problems(cfg: DictConfig) -> list[str]:
 
 def scheduler_problems(cfg: DictConfig) -> list[str]:
     """``scheduler.stages`` (the authors' stage schedule) against ``scheduler.milestones``."""
-    from lpmetrics.run.builders import StageDecayLR
-
     sched = cfg.get("scheduler") or {}
     stages = sched.get("stages")
     if not stages:
@@ -214,7 +189,7 @@ def validate(cfg: DictConfig, bundle=None) -> None:
     """
     problems = static_problems(cfg) if bundle is None else data_problems(cfg, bundle)
     if bundle is None and not problems:
-        check_device(cfg.device)
+        resolve_device(cfg.device)
     if problems:
         head = "invalid config: " if len(problems) == 1 else f"invalid config ({len(problems)} problems):\n  - "
         raise ConfigError(head + "\n  - ".join(problems))

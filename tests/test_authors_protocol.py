@@ -15,11 +15,11 @@ import pandas as pd
 import pytest
 import torch
 
-import train
-from lpmetrics.run.builders import StageDecayLR, build_scheduler
 from lpmetrics.data.datasets import ImageDataset, TabularDataset, per_image
 from lpmetrics.data.errors import SplitError
 from lpmetrics.data.splits import build_splits
+from lpmetrics.run import loop, prepare
+from lpmetrics.run.schedule import StageDecayLR, build_scheduler
 
 CIFAR_TRAIN = np.repeat(np.arange(10), 5000)
 CIFAR_TEST = np.repeat(np.arange(10), 1000)
@@ -156,14 +156,14 @@ def test_authors_protocol_trains_on_digits(compose_cfg, tmp_path):
     per image), the authors' split, the stage schedule shrunk to stages of 2, 6, ... steps."""
     cfg = compose_cfg(["experiment=authors_protocol", "dataset=digits", *SMALL,
                        "scheduler.stages.first=2", "optimizer.lr=0.09"])
-    results = train.train(cfg, tmp_path)
+    results = loop.train(cfg, tmp_path)
     rows = _check_authors_run(tmp_path, results, [4, 8])
     assert np.allclose(rows["lr"], [0.03, 0.01])      # lr after steps 4 and 8: drops after 2 and 8
     counts = results["splits"]["train"]["class_counts"]
-    bundle = train.build_data(compose_cfg(["dataset=digits", "dataset.split=authors"]).dataset, seed=0)
+    bundle = prepare.build_data(compose_cfg(["dataset=digits", "dataset.split=authors"]).dataset, seed=0)
     assert counts[1] == bundle.stats["train"]["class_counts"][1]              # every positive kept
     assert counts[0] == int(bundle.stats["train"]["class_counts"][0] * 0.1)   # the first 10 % of negatives
-    x = train.build_data(cfg.dataset, seed=0).train.features
+    x = prepare.build_data(cfg.dataset, seed=0).train.features
     assert torch.allclose(x.mean(1), torch.zeros(len(x)), atol=1e-5)          # per_image: each row centred
 
 
@@ -184,12 +184,12 @@ def test_authors_protocol_trains_on_cifar10(compose_cfg, tmp_path, data_root, mo
     cfg = compose_cfg(["experiment=authors_protocol", f"dataset.root={data_root}",
                        "trainer.max_steps=3", "device=cpu", "logger=csv"])
     assert cfg.trainer.eval_every == 400    # the run is too short to reach it: evaluated at its end
-    build = train.build_data
+    build = prepare.build_data
     x, _ = build(cfg.dataset, seed=0).train.batch(torch.arange(4))
     assert torch.allclose(x.mean((1, 2, 3)), torch.zeros(4), atol=1e-4)          # per_image
     assert torch.allclose(x.std((1, 2, 3), correction=0), torch.ones(4), atol=1e-4)
-    monkeypatch.setattr(train, "build_data", every_25th_test_image(build))
-    results = train.train(cfg, tmp_path)
+    monkeypatch.setattr(prepare, "build_data", every_25th_test_image(build))
+    results = loop.train(cfg, tmp_path)
     _check_authors_run(tmp_path, results, [3])
     assert results["splits"]["train"]["class_counts"] == [2500, 25000]   # all positives, 2,500 negatives
     assert results["splits"]["test"]["n"] == 10000

@@ -13,10 +13,10 @@ import pytest
 import torch
 from hydra.errors import InstantiationException
 
-import train
 from lpmetrics.baselines.direct_loss import TASK_LOSSES, UPDATES, DirectLoss
+from lpmetrics.errors import ConfigError
+from lpmetrics.run import loop
 from lpmetrics.run.builders import instantiate_runtime
-from lpmetrics.run.validate import ConfigError
 
 SMALL_SYNTHETIC = ["dataset.source.n=600", "dataset.source.n_test=200", "dataset.val_size=100"]
 
@@ -159,7 +159,7 @@ def test_bad_name_in_the_config_fails_when_the_objective_is_built(compose_cfg, t
     cfg = compose_cfg(["dataset=synthetic", *SMALL_SYNTHETIC, "objective=direct_loss",
                        "objective.task_loss=zero-one", "device=cpu", "trainer.max_steps=2"])
     with pytest.raises(ConfigError, match="ap, zero_one"):
-        train.train(cfg, tmp_path)
+        loop.train(cfg, tmp_path)
 
 
 @pytest.mark.parametrize("update", UPDATES)
@@ -191,7 +191,7 @@ def test_all_eight_train_through_train_py_on_synthetic(compose_cfg, tmp_path, ta
                        f"objective.task_loss={task_loss}", f"objective.update={update}",
                        "trainer.max_steps=4", "trainer.eval_every=4", "trainer.batch_size=64",
                        "device=cpu", "optimizer.lr=0.01"])
-    results = train.train(cfg, tmp_path)
+    results = loop.train(cfg, tmp_path)
     assert results["final"]["step"] == 4 and math.isfinite(results["final"]["train_loss"])
 
 

@@ -5,8 +5,8 @@ import pandas as pd
 import pytest
 import torch
 
-import train
 from lpmetrics.baselines.libauc_aucm import LibAUCAUCM, make_pesg
+from lpmetrics.run import loop
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -36,7 +36,7 @@ def test_trains_through_train_py(compose_cfg, tmp_path):
     cfg = compose_cfg(["objective=libauc_aucm", "dataset=digits", "dataset.neg_keep=0.2",
                        "trainer.max_steps=60", "trainer.eval_every=30", "device=cpu"])
     assert cfg.optimizer._target_ == "lpmetrics.baselines.libauc_aucm.make_pesg"
-    train.train(cfg, tmp_path)
+    loop.train(cfg, tmp_path)
     rows = pd.read_csv(tmp_path / "metrics.csv")
     assert rows["train_loss"].notna().all() and rows["test_auc"].iloc[-1] > 0.8
     assert rows["aucm_alpha"].iloc[-1] > 0  # alpha ascended from 0

@@ -341,9 +341,9 @@ def test_objective_config_trains_a_linear_model(name):
 @pytest.mark.parametrize("name", ["auc_cvxpy", "f1_cvxpy", "auc_blackbox"])
 def test_train_py_runs_the_objective(compose_cfg, tmp_path, name):
     import pandas as pd
-    import train
+    from lpmetrics.run import loop
     cfg = compose_cfg(["dataset=digits", "model=mlp", "trainer.max_steps=10", "trainer.eval_every=5",
                        "trainer.batch_size=16", "device=cpu", "logger=csv", f"objective={name}"])
-    train.train(cfg, tmp_path)
+    loop.train(cfg, tmp_path)
     rows = pd.read_csv(tmp_path / "metrics.csv")
     assert list(rows["step"]) == [5, 10] and rows["train_loss"].notna().all()

@@ -295,7 +295,7 @@ ON_STEP_END = LearnedSurrogate.on_step_end   # unwrapped, whatever a test patche
 def train_surrogate_on_digits(compose_cfg, run_dir, monkeypatch):
     """A short ``train.py`` run of SL-S on digits; returns the inputs of the training steps and
     of the surrogate steps (the batches ``draw_batch`` gave), in order."""
-    import train
+    from lpmetrics.run import loop
 
     seen = {"train": [], "drawn": []}
     original = ON_STEP_END
@@ -313,7 +313,7 @@ def train_surrogate_on_digits(compose_cfg, run_dir, monkeypatch):
     cfg = compose_cfg(["objective=surrogate", "objective.mode=scratch", "dataset=digits", "model=mlp",
                        "trainer.max_steps=9", "trainer.eval_every=9", "trainer.batch_size=32",
                        "device=cpu", "logger=csv"])
-    train.train(cfg, run_dir)
+    loop.train(cfg, run_dir)
     return seen
 
 

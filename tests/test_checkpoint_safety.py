@@ -21,11 +21,17 @@ import torch
 from omegaconf import OmegaConf
 
 import eval as ev
-from lpmetrics.run import runfolder
 import train
+from lpmetrics.data import build_data
+from lpmetrics.errors import ConfigError
 from lpmetrics.packed.launch import Job, train_packed
+from lpmetrics.run import loop
+from lpmetrics.run import runfolder
+from lpmetrics.run.builders import build_model
+from lpmetrics.run.prepare import init_weights
+from lpmetrics.run.rng import rng_state, set_rng_state
+from lpmetrics.run.validate import validate
 from tests.test_faults import COMPARED, _same
-from lpmetrics.run.validate import ConfigError, validate
 
 ROOT = Path(__file__).resolve().parents[1]
 SHORT = ["dataset=digits", "model=mlp", "trainer.max_steps=20", "trainer.eval_every=10",
@@ -67,8 +73,8 @@ def runs(tmp_path_factory):
         GlobalHydra.instance().clear()
         with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
             return compose(config_name="config", overrides=[*SHORT, *extra])
-    train.train(cfg(), root / "full")
-    train.train(cfg("trainer.max_steps=10"), root / "half")
+    loop.train(cfg(), root / "full")
+    loop.train(cfg("trainer.max_steps=10"), root / "half")
     return root
 
 
@@ -116,17 +122,17 @@ def test_rng_state_survives_a_weights_only_round_trip():
     torch.manual_seed(3), np.random.seed(3), random.seed(3)
     np.random.standard_normal()   # a cached Gaussian in numpy's state
     buf = io.BytesIO()
-    torch.save(train.rng_state(), buf)
+    torch.save(rng_state(), buf)
     expected = (torch.rand(3), np.random.standard_normal(3), random.random())
     buf.seek(0)
-    train.set_rng_state(torch.load(buf, weights_only=True))
+    set_rng_state(torch.load(buf, weights_only=True))
     again = (torch.rand(3), np.random.standard_normal(3), random.random())
     assert torch.equal(expected[0], again[0]) and np.array_equal(expected[1], again[1])
     assert expected[2] == again[2]
-    old, new = np.random.get_state(), train.rng_state()   # the same state, old and new format
+    old, new = np.random.get_state(), rng_state()   # the same state, old and new format
     draws = []
     for state in ({**new, "numpy": old}, new):
-        train.set_rng_state(state)
+        set_rng_state(state)
         draws.append(np.random.standard_normal(4))
     assert np.array_equal(*draws)
 
@@ -174,10 +180,10 @@ def test_eval_resume_init_from_and_nmf_refuse_a_hostile_checkpoint(runs, compose
     with refused:
         ev.evaluate_run(run, checkpoint="last.pt", device="cpu", out_dir=tmp_path / "ev")
     with refused as err:
-        train.train(compose_cfg([*SHORT, "resume=true"]), run)
+        loop.train(compose_cfg([*SHORT, "resume=true"]), run)
     assert "trainer.trust_checkpoint=true" in str(err.value)
     with refused:
-        train.train(compose_cfg([*SHORT, f"trainer.init_from={path}"]), tmp_path / "fresh")
+        loop.train(compose_cfg([*SHORT, f"trainer.init_from={path}"]), tmp_path / "fresh")
     with refused as err:
         nmf_heatmaps.load_network(str(path))
     assert "--trust-checkpoint" in str(err.value)
@@ -192,9 +198,9 @@ def test_old_format_run_resumes_only_with_the_opt_in_and_ends_as_uninterrupted(r
     torch.save(old_format(torch.load(run / "last.pt", weights_only=True)), run / "last.pt")
     with pytest.raises(runfolder.UnsafeCheckpointError,
                        match=r"last.pt needs more .*numpy.*trainer.trust_checkpoint=true"):
-        train.train(compose_cfg([*SHORT, "resume=true"]), run)
+        loop.train(compose_cfg([*SHORT, "resume=true"]), run)
     with pytest.warns(UserWarning, match="unpickled in full"):
-        train.train(compose_cfg([*SHORT, "resume=true", "trainer.trust_checkpoint=true"]), run)
+        loop.train(compose_cfg([*SHORT, "resume=true", "trainer.trust_checkpoint=true"]), run)
     assert (run / "metrics.csv").read_bytes() == (runs / "full" / "metrics.csv").read_bytes()
     a, b = (torch.load(d / "last.pt", weights_only=True) for d in (run, runs / "full"))   # plain again
     for key in COMPARED:
@@ -213,9 +219,9 @@ def test_old_format_checkpoint_evaluates_and_initialises_only_with_the_opt_in(ru
     assert record["step"] == 20
     assert record["metrics"]["auc"] == pytest.approx(ckpt["rows"][-1]["test_auc"], abs=1e-9)
     with pytest.raises(runfolder.UnsafeCheckpointError, match="trainer.trust_checkpoint=true"):
-        train.train(compose_cfg([*SHORT, f"trainer.init_from={run / 'last.pt'}"]), tmp_path / "a")
-    model = train.build_model(compose_cfg(SHORT), train.build_data(compose_cfg(SHORT).dataset, seed=0))
+        loop.train(compose_cfg([*SHORT, f"trainer.init_from={run / 'last.pt'}"]), tmp_path / "a")
+    model = build_model(compose_cfg(SHORT), build_data(compose_cfg(SHORT).dataset, seed=0))
     with pytest.warns(UserWarning, match="unpickled in full"):
-        train.init_weights(model, run / "last.pt", torch.device("cpu"), trust=True)
+        init_weights(model, run / "last.pt", torch.device("cpu"), trust=True)
     for k, v in model.state_dict().items():
         assert torch.equal(v, ckpt["model"][k]), k

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from lpmetrics.run.builders import predict
 from lpmetrics.data.augment import CropFlip, crop_flip, draw_crop_flip
 from lpmetrics.data.datasets import ImageDataset, TabularDataset
 from lpmetrics.data.stream import BatchStream, gather
+from lpmetrics.run.builders import predict
 
 
 def reference_crop_flip(img: np.ndarray, dy: int, dx: int, flip: bool, pad: int) -> np.ndarray:
@@ -111,13 +111,15 @@ def test_cropflip_slices_like_a_batch():
 
 
 def test_resuming_a_run_started_with_the_old_stream_warns(compose_cfg, tmp_path):
-    import train
+    from lpmetrics.data.stream import STREAM_VERSION
+    from lpmetrics.run import loop
+    from lpmetrics.run.resume import StreamChangeWarning
     cfg = compose_cfg(["dataset=digits", "trainer.max_steps=2", "trainer.eval_every=1"])
-    train.train(cfg, tmp_path)
+    loop.train(cfg, tmp_path)
     ckpt = torch.load(tmp_path / "last.pt", weights_only=False)
-    assert ckpt["launches"][0]["batch_stream"] == train.STREAM_VERSION
+    assert ckpt["launches"][0]["batch_stream"] == STREAM_VERSION
     del ckpt["launches"][0]["batch_stream"]   # as a checkpoint made before data/stream.py
     torch.save(ckpt, tmp_path / "last.pt")
     more = compose_cfg(["dataset=digits", "trainer.max_steps=3", "trainer.eval_every=1", "resume=true"])
-    with pytest.warns(train.StreamChangeWarning, match="started with batch stream per-image-global-rng-v1"):
-        train.train(more, tmp_path)
+    with pytest.warns(StreamChangeWarning, match="started with batch stream per-image-global-rng-v1"):
+        loop.train(more, tmp_path)

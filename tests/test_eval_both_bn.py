@@ -1,4 +1,4 @@
-"""Every evaluation scores test in both BatchNorm modes (train.evaluate): the run's own
+"""Every evaluation scores test in both BatchNorm modes (evaluation.evaluate): the run's own
 ``trainer.eval_bn`` columns unchanged, the other mode's beside them (``test_bntrain_*``: each
 test batch of ``trainer.bntrain_batch_size`` = 32 normalised by its own statistics, as the
 authors' binary_auc.py evaluates; ``test_bneval_*`` for an ``eval_bn=train`` run), in train.py's
@@ -26,11 +26,13 @@ from hydra.core.global_hydra import GlobalHydra
 from sklearn.metrics import accuracy_score, roc_auc_score
 from torch import nn
 
-from lpmetrics.run import runfolder
-import train
-from lpmetrics.run.builders import build_model
 from lpmetrics.data import build_data
 from lpmetrics.packed.launch import Job, train_packed
+from lpmetrics.run import evaluation, loop
+from lpmetrics.run import job as run_job
+from lpmetrics.run import runfolder
+from lpmetrics.run.builders import build_model
+from lpmetrics.run.rng import rng_state
 
 from scripts.campaign import queue as campaign_queue
 from scripts.tables import make_tables
@@ -100,7 +102,7 @@ def eval_run(tmp_path_factory):
     """One train.py run with the default trainer.eval_bn=eval."""
     run_dir = tmp_path_factory.mktemp("eval_run")
     cfg = composed(SHORT)
-    return cfg, run_dir, train.train(cfg, run_dir, choices={"objective": "ce", "dataset": "digits"})
+    return cfg, run_dir, loop.train(cfg, run_dir, choices={"objective": "ce", "dataset": "digits"})
 
 
 def test_train_py_records_the_bn_train_test_metrics_beside_its_own(eval_run):
@@ -128,7 +130,7 @@ def test_an_eval_bn_train_run_records_the_eval_mode_metrics_beside_its_own(tmp_p
     """Its own columns are the BN-train evaluation in batches of trainer.eval_batch_size (as
     before); the extra ones are eval mode, named test_bneval_*."""
     cfg = composed([*SHORT, "trainer.max_steps=10", "trainer.eval_bn=train", "trainer.eval_batch_size=20"])
-    train.train(cfg, tmp_path)
+    loop.train(cfg, tmp_path)
     final = {k: float(v) for k, v in rows(tmp_path)[-1].items() if k.startswith("test_")}
     assert "test_bneval_auc" in final and not any(k.startswith("test_bntrain") for k in final)
     model, bundle = last_model(cfg, tmp_path)
@@ -141,18 +143,18 @@ def test_evaluate_leaves_the_model_its_mode_and_every_rng_untouched(eval_run):
     model, bundle = last_model(cfg, run_dir)
     model.train()
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    rng = train.rng_state()
-    metrics = train.evaluate(model, bundle, "test", cfg, torch.device("cpu"))
+    rng = rng_state()
+    metrics = evaluation.evaluate(model, bundle, "test", cfg, torch.device("cpu"))
     assert "bntrain_auc" in metrics and model.training
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())   # running stats too
-    after = train.rng_state()
+    after = rng_state()
     assert torch.equal(rng["torch"], after["torch"]) and rng["python"] == after["python"]
     assert all(np.array_equal(a, b) for a, b in zip(rng["numpy"], after["numpy"]))
 
 
 def own_mode_only(model, bundle, split, cfg, device, predict_fn=None):
-    """train.evaluate before it scored the other mode: the run's own columns only."""
-    return train._scored(predict_fn or train.predict, model, bundle, split, device, cfg.trainer.eval_bn,
+    """evaluation.evaluate before it scored the other mode: the run's own columns only."""
+    return evaluation._scored(predict_fn or evaluation.predict, model, bundle, split, device, cfg.trainer.eval_bn,
                          cfg.trainer.eval_batch_size)
 
 
@@ -174,9 +176,9 @@ def test_the_extra_evaluation_leaves_train_py_s_trajectory_bit_identical(tmp_pat
     """Dropout draws from the global torch RNG every step, so an evaluation that moved it would
     change every later step."""
     cfg = composed([*SHORT, "model.dropout=0.3", "trainer.eval_every=5"])
-    train.train(cfg, tmp_path / "with")
-    monkeypatch.setattr(train, "evaluate", own_mode_only)
-    train.train(cfg, tmp_path / "without")
+    loop.train(cfg, tmp_path / "with")
+    monkeypatch.setattr(run_job, "evaluate", own_mode_only)
+    loop.train(cfg, tmp_path / "without")
     assert_same_trajectory(tmp_path / "with", tmp_path / "without")
 
 
@@ -194,7 +196,7 @@ def test_packed_launcher_records_both_modes_and_keeps_its_trajectory(tmp_path, m
         model, bundle = last_model(cfg, run_dir)
         assert float(final["test_bntrain_auc"]) == pytest.approx(oracle(model, bundle.test, "train")["auc"], abs=1e-12)
         assert float(final["test_auc"]) == pytest.approx(oracle(model, bundle.test, "eval")["auc"], abs=1e-12)
-    monkeypatch.setattr(train, "evaluate", own_mode_only)
+    monkeypatch.setattr(run_job, "evaluate", own_mode_only)
     train_packed([Job(c, tmp_path / "without" / f"s{i}", name=f"s{i}") for i, c in enumerate(cfgs)])
     for i in range(2):
         assert_same_trajectory(tmp_path / "with" / f"s{i}", tmp_path / "without" / f"s{i}")

@@ -30,11 +30,15 @@ import numpy as np
 import pytest
 import torch
 
-from lpmetrics.run import atomic
-from lpmetrics.run import runfolder
 import train
+from lpmetrics import atomic
+from lpmetrics.errors import ConfigError
 from lpmetrics.objectives.base import Objective
 from lpmetrics.objectives.common import zero_loss
+from lpmetrics.run import loop, prepare
+from lpmetrics.run import runfolder
+from lpmetrics.run.guards import DegenerateBatchesError, DegenerateBatchesWarning, NonFiniteLossError
+from lpmetrics.run.resume import CheckpointFallbackWarning
 
 ROOT = Path(__file__).resolve().parents[1]
 SHORT = ["dataset=digits", "model=mlp", "trainer.max_steps=20", "trainer.eval_every=10",
@@ -85,18 +89,18 @@ REFUSED_BEFORE_DATA = [
                          ids=[" ".join(o) for o, _ in REFUSED_BEFORE_DATA])
 def test_bad_config_is_refused_before_any_data_is_built(compose_cfg, tmp_path, monkeypatch,
                                                         overrides, message):
-    monkeypatch.setattr(train, "build_data", _no_data)
-    with pytest.raises(train.ConfigError, match=message):
-        train.train(compose_cfg([*SHORT, *overrides]), tmp_path / "run")
+    monkeypatch.setattr(prepare, "build_data", _no_data)
+    with pytest.raises(ConfigError, match=message):
+        loop.train(compose_cfg([*SHORT, *overrides]), tmp_path / "run")
     assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
 def test_cuda_without_a_gpu_is_refused_before_the_data(compose_cfg, tmp_path, monkeypatch):
-    monkeypatch.setattr(train, "build_data", _no_data)
-    with pytest.raises(train.ConfigError, match=r"device=cuda but this machine has no usable CUDA GPU "
+    monkeypatch.setattr(prepare, "build_data", _no_data)
+    with pytest.raises(ConfigError, match=r"device=cuda but this machine has no usable CUDA GPU "
                                                 r".* use device=auto or device=cpu"):
-        train.train(compose_cfg([*SHORT, "device=cuda"]), tmp_path)
+        loop.train(compose_cfg([*SHORT, "device=cuda"]), tmp_path)
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -110,8 +114,8 @@ def test_cuda_without_a_gpu_is_refused_before_the_data(compose_cfg, tmp_path, mo
      r"objective could not be built .*bad solver option\(s\): tol=-1 must be a finite number > 0"),
 ])
 def test_bad_config_needing_the_data_is_refused_before_training(compose_cfg, tmp_path, overrides, message):
-    with pytest.raises(train.ConfigError, match=message):
-        train.train(compose_cfg([*SHORT, *overrides]), tmp_path)
+    with pytest.raises(ConfigError, match=message):
+        loop.train(compose_cfg([*SHORT, *overrides]), tmp_path)
     assert not (tmp_path / "last.pt").exists() and not (tmp_path / "metrics.csv").exists()
 
 
@@ -126,20 +130,20 @@ class AlwaysEmpty(Objective):
 def test_all_batches_empty_stops_with_an_error(compose_cfg, tmp_path):
     cfg = compose_cfg([*SHORT, "objective._target_=tests.test_faults.AlwaysEmpty",
                        "~objective.label_smoothing", "trainer.eval_every=5"])
-    with pytest.raises(train.DegenerateBatchesError,
+    with pytest.raises(DegenerateBatchesError,
                        match=r"every batch of steps 1-5 was empty for the objective \(tests.test_faults.AlwaysEmpty\)"
                              r": nothing to compare .* the model did not train\. trainer.batch_size=32 with "
                              r"train class counts \[\d+, \d+\]: raise trainer.batch_size"):
-        train.train(cfg, tmp_path)
+        loop.train(cfg, tmp_path)
     assert not (tmp_path / "last.pt").exists()
 
 
 def test_mostly_degenerate_batches_warn_and_are_recorded(compose_cfg, tmp_path):
     cfg = compose_cfg([*SHORT, "objective=auc_lp", "trainer.batch_size=2", "dataset.neg_keep=0.5"])
-    with pytest.warns(train.DegenerateBatchesWarning,
+    with pytest.warns(DegenerateBatchesWarning,
                       match=r"\d+ % of the batches of steps 1-10 were degenerate for the objective .*"
                             r"consider a larger trainer.batch_size"):
-        results = train.train(cfg, tmp_path)
+        results = loop.train(cfg, tmp_path)
     summary = json.loads((tmp_path / "results.json").read_text())["degenerate_batches"]
     rows = results["final"], json.loads((tmp_path / "results.json").read_text())["final"]
     assert summary == results["degenerate_batches"] and rows[0] == rows[1]
@@ -165,8 +169,8 @@ class NaNAfter(torch.nn.Module):
 
 def test_non_finite_scores_stop_before_the_lp_solver(compose_cfg, tmp_path, monkeypatch):
     from lpmetrics import solver
-    build = train.build_model
-    monkeypatch.setattr(train, "build_model", lambda cfg, bundle: NaNAfter(build(cfg, bundle), at=3))
+    build = prepare.build_model
+    monkeypatch.setattr(prepare, "build_model", lambda cfg, bundle: NaNAfter(build(cfg, bundle), at=3))
     real_solve, seen = solver.solve_lp, []
 
     def solve_lp(c, A, b, *args, **kwargs):
@@ -175,21 +179,21 @@ def test_non_finite_scores_stop_before_the_lp_solver(compose_cfg, tmp_path, monk
 
     monkeypatch.setattr(solver, "solve_lp", solve_lp)
     cfg = compose_cfg([*SHORT, "objective=auc_lp", "trainer.eval_every=2"])
-    with pytest.raises(train.NonFiniteLossError,
+    with pytest.raises(NonFiniteLossError,
                        match=r"scores are non-finite \(64 of 64 NaN/inf\) at step 3; labels per class "
                              r"\[\d+, \d+\]; .* The last good checkpoint is .*last.pt \(step 2\): rerun with "
                              r"a smaller optimizer.lr \(now 0.1\) or trainer.max_grad_norm=5 and resume=force"):
-        train.train(cfg, tmp_path)
+        loop.train(cfg, tmp_path)
     assert seen == [True, True]   # the solver saw steps 1-2 only, never a NaN
 
 
 def test_divergence_before_the_first_checkpoint_says_there_is_none(compose_cfg, tmp_path, monkeypatch):
-    build = train.build_model
-    monkeypatch.setattr(train, "build_model", lambda cfg, bundle: NaNAfter(build(cfg, bundle), at=1))
-    with pytest.raises(train.NonFiniteLossError,
+    build = prepare.build_model
+    monkeypatch.setattr(prepare, "build_model", lambda cfg, bundle: NaNAfter(build(cfg, bundle), at=1))
+    with pytest.raises(NonFiniteLossError,
                        match=r"at step 1; .* No checkpoint was written yet \(the first comes at step 10\): "
                              r"rerun with a smaller optimizer.lr"):
-        train.train(compose_cfg(SHORT), tmp_path)
+        loop.train(compose_cfg(SHORT), tmp_path)
 
 
 # ---- resume -------------------------------------------------------------------------------------
@@ -200,10 +204,10 @@ def test_divergence_before_the_first_checkpoint_says_there_is_none(compose_cfg, 
     (["seed=1"], ["seed"]),
 ])
 def test_resume_with_a_different_config_is_refused(compose_cfg, tmp_path, changed, keys):
-    train.train(compose_cfg([*SHORT, "trainer.max_steps=10"]), tmp_path)
+    loop.train(compose_cfg([*SHORT, "trainer.max_steps=10"]), tmp_path)
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
     with pytest.raises(runfolder.ResumeConfigError) as err:
-        train.train(compose_cfg([*SHORT, "resume=true", *changed]), tmp_path)
+        loop.train(compose_cfg([*SHORT, "resume=true", *changed]), tmp_path)
     msg = str(err.value)
     assert msg.startswith(f"resume=true would continue the run in {tmp_path} with a different config (")
     for key in keys:
@@ -227,8 +231,8 @@ def test_config_differences_respect_the_allow_list_and_name_new_keys():
 
 
 def test_resume_force_continues_and_is_recorded(compose_cfg, tmp_path):
-    train.train(compose_cfg([*SHORT, "trainer.max_steps=10"]), tmp_path)
-    results = train.train(compose_cfg([*SHORT, "resume=force", "optimizer.lr=0.05"]), tmp_path)
+    loop.train(compose_cfg([*SHORT, "trainer.max_steps=10"]), tmp_path)
+    results = loop.train(compose_cfg([*SHORT, "resume=force", "optimizer.lr=0.05"]), tmp_path)
     on_disk = json.loads((tmp_path / "results.json").read_text())
     assert on_disk["resume_forced"] is True and results["final"]["step"] == 20
     first = dict(on_disk["launches"][0])
@@ -239,9 +243,9 @@ def test_resume_force_continues_and_is_recorded(compose_cfg, tmp_path):
 
 
 def test_resume_may_extend_max_steps_and_equals_the_longer_run(compose_cfg, tmp_path):
-    full = train.train(compose_cfg(SHORT), tmp_path / "full")
-    train.train(compose_cfg([*SHORT, "trainer.max_steps=10"]), tmp_path / "split")
-    resumed = train.train(compose_cfg([*SHORT, "resume=true", "logger=csv"]), tmp_path / "split")
+    full = loop.train(compose_cfg(SHORT), tmp_path / "full")
+    loop.train(compose_cfg([*SHORT, "trainer.max_steps=10"]), tmp_path / "split")
+    resumed = loop.train(compose_cfg([*SHORT, "resume=true", "logger=csv"]), tmp_path / "split")
     assert resumed["resume_forced"] is False and resumed["launches"][1]["forced_differences"] is None
     assert_same_run(tmp_path / "full", tmp_path / "split")
     assert resumed["final"] == full["final"]
@@ -251,24 +255,24 @@ def test_refused_resume_restores_the_runs_hydra_files(compose_cfg, tmp_path):
     hydra = tmp_path / ".hydra"
     hydra.mkdir(parents=True)
     (hydra / "overrides.yaml").write_text("- trainer.max_steps=10\n")       # the first launch's
-    train.train(compose_cfg([*SHORT, "trainer.max_steps=10"]), tmp_path)
+    loop.train(compose_cfg([*SHORT, "trainer.max_steps=10"]), tmp_path)
     (hydra / "overrides.yaml").write_text("- seed=3\n- resume=true\n")      # Hydra, at relaunch
     with pytest.raises(runfolder.ResumeConfigError, match="seed: 0 in the checkpoint, 3 now"):
-        train.train(compose_cfg([*SHORT, "resume=true", "seed=3"]), tmp_path)
+        loop.train(compose_cfg([*SHORT, "resume=true", "seed=3"]), tmp_path)
     assert (hydra / "overrides.yaml").read_text() == "- trainer.max_steps=10\n"
     assert (hydra / "overrides.resume-step10.yaml").read_text() == "- seed=3\n- resume=true\n"
 
 
 def test_damaged_last_pt_falls_back_to_the_previous_checkpoint(compose_cfg, tmp_path):
     cfg = [*SHORT, "trainer.eval_every=5"]
-    train.train(compose_cfg(cfg), tmp_path / "full")
-    train.train(compose_cfg([*cfg, "trainer.max_steps=15"]), tmp_path / "cut")
+    loop.train(compose_cfg(cfg), tmp_path / "full")
+    loop.train(compose_cfg([*cfg, "trainer.max_steps=15"]), tmp_path / "cut")
     last = tmp_path / "cut" / "last.pt"
     last.write_bytes(last.read_bytes()[:262_144 // 64])     # what a kill mid-torch.save used to leave
-    with pytest.warns(train.CheckpointFallbackWarning,
+    with pytest.warns(CheckpointFallbackWarning,
                       match=r"last.pt is damaged \(RuntimeError: PytorchStreamReader .*\); using the previous "
                             r"checkpoint .*last.prev.pt \(step 10\) instead: the steps after it are trained again"):
-        resumed = train.train(compose_cfg([*cfg, "resume=true"]), tmp_path / "cut")
+        resumed = loop.train(compose_cfg([*cfg, "resume=true"]), tmp_path / "cut")
     assert resumed["launches"][-1]["checkpoint"] == "last.prev.pt"
     assert resumed["launches"][-1]["fallback"].startswith("last.pt is damaged (RuntimeError")
     assert str(tmp_path) not in (tmp_path / "cut" / "results.json").read_text()   # portable
@@ -276,20 +280,20 @@ def test_damaged_last_pt_falls_back_to_the_previous_checkpoint(compose_cfg, tmp_
 
 
 def test_no_usable_checkpoint_names_both_files(compose_cfg, tmp_path):
-    train.train(compose_cfg([*SHORT, "trainer.max_steps=10", "trainer.eval_every=5"]), tmp_path)
+    loop.train(compose_cfg([*SHORT, "trainer.max_steps=10", "trainer.eval_every=5"]), tmp_path)
     for name in ("last.pt", "last.prev.pt"):
         (tmp_path / name).write_bytes(b"PK\x03\x04 not a checkpoint")
     with pytest.raises(runfolder.CheckpointError,
                        match=r"no usable checkpoint in .*: .*last.pt is damaged \(.*\); .*last.prev.pt is "
                              r"damaged \(.*\)\. Start afresh \(resume=false, or a new hydra.run.dir\)"):
-        train.train(compose_cfg([*SHORT, "resume=true"]), tmp_path)
+        loop.train(compose_cfg([*SHORT, "resume=true"]), tmp_path)
 
 
 # ---- eval.py --------------------------------------------------------------------------------------
 
 def test_eval_accepts_a_checkpoint_path_and_falls_back_from_a_damaged_last_pt(compose_cfg, tmp_path, capsys):
     import eval as ev
-    train.train(compose_cfg([*SHORT, "trainer.eval_every=5"]), tmp_path / "run")
+    loop.train(compose_cfg([*SHORT, "trainer.eval_every=5"]), tmp_path / "run")
     run = tmp_path / "run"
     record = ev.main([str(run / "last.pt"), "--device", "cpu", "--out", str(tmp_path / "a")])
     assert record["step"] == 20 and record["checkpoint"] == str(run / "last.pt")
@@ -384,7 +388,7 @@ def run_in_process(run_dir: Path, overrides: list[str]) -> Path:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        train.train(cfg, run_dir)
+        loop.train(cfg, run_dir)
     finally:
         torch.set_num_threads(threads)
     return run_dir
@@ -557,7 +561,7 @@ def _install_fault(spec: str) -> None:
         return counts[name] == k
 
     if kind == "step":
-        stream = train.BatchStream
+        stream = loop.BatchStream
 
         def batch_stream(*args, **kwargs):
             for i, batch in enumerate(stream(*args, **kwargs), 1):
@@ -565,7 +569,7 @@ def _install_fault(spec: str) -> None:
                     die()
                 yield batch
 
-        train.BatchStream = batch_stream
+        loop.BatchStream = batch_stream
         return
     if kind == "rename":
         replace = os.replace

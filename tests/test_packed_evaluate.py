@@ -18,12 +18,12 @@ import numpy as np
 import pytest
 import torch
 
-import train
-from lpmetrics.run.builders import predict
-from lpmetrics.packed import pack
 from lpmetrics.packed import evaluate as pack_eval
+from lpmetrics.packed import pack
 from lpmetrics.packed.evaluate import PackEvaluator, pack_predict
 from lpmetrics.packed.launch import Job, train_packed
+from lpmetrics.run import evaluation
+from lpmetrics.run.builders import predict
 from tests.test_eval_both_bn import BN_MLP, bn_mlp, composed
 
 
@@ -177,7 +177,7 @@ def test_runs_with_other_eval_settings_evaluate_alone_and_oom_falls_back(tmp_pat
 
 
 def test_the_evaluator_asks_what_train_evaluate_asks(monkeypatch):
-    """:func:`packed.evaluate.requests` lists exactly the predict calls train.evaluate makes (if
+    """:func:`packed.evaluate.requests` lists exactly the predict calls evaluation.evaluate makes (if
     they drifted apart, the calls would silently go per run)."""
     packed = trained_bn_pack(2, torch.float32)
     bundle = SimpleNamespace(val=Rows(20, 6, 0, torch.float32), test=Rows(30, 6, 1, torch.float32), task="binary")
@@ -188,12 +188,12 @@ def test_the_evaluator_asks_what_train_evaluate_asks(monkeypatch):
         calls.append((names[id(data)], bn_mode, batch_size))
         return predict(model, data, batch_size=batch_size, device=device, bn_mode=bn_mode)
 
-    monkeypatch.setattr(train, "predict", recorded)
+    monkeypatch.setattr(evaluation, "predict", recorded)
     for eval_bn in ("eval", "train"):
         run = SimpleNamespace(cfg=composed([*SHORT, f"trainer.eval_bn={eval_bn}"]), bundle=bundle,
                               eval_splits=("val", "test"))
         calls.clear()
         for split in run.eval_splits:
-            train.evaluate(packed.models[0], bundle, split, run.cfg, "cpu")
+            evaluation.evaluate(packed.models[0], bundle, split, run.cfg, "cpu")
         assert calls == pack_eval.requests(run), eval_bn
     assert PackEvaluator(packed, "cpu").no_bn_train == ""

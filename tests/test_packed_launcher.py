@@ -14,16 +14,18 @@ import math
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pandas as pd
 import pytest
 import torch
 from torch.utils.data import Subset
 
-import train
 from lpmetrics.packed.launch import Job, group, train_packed
+from lpmetrics.run import evaluation, loop
+from lpmetrics.run import job as run_job
 
-ROOT = train.Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[1]
 RUN_FILES = ("metrics.csv", "results.json", "last.pt", "best.pt", ".hydra/config.yaml")
 
 
@@ -60,7 +62,7 @@ def test_packed_multirun_equals_train_py_first_step(compose_cfg, tmp_path):
         overrides = ["dataset=digits", f"objective={results['choices']['objective']}",
                      f"optimizer.lr={cfg['optimizer']['lr']}", f"seed={cfg['seed']}",
                      "trainer.max_steps=1"]
-        alone = train.train(compose_cfg(overrides), tmp_path / "alone" / folder.name)
+        alone = loop.train(compose_cfg(overrides), tmp_path / "alone" / folder.name)
         assert set(alone) <= keys   # train.py's schema, plus "packed" and "diverged"
         assert math.isclose(first_loss(folder), alone["final"]["train_loss"], rel_tol=1e-6), folder.name
 
@@ -87,7 +89,7 @@ def test_diverging_run_is_recorded_and_the_others_go_on(compose_cfg, tmp_path):
     ce, nan = train_packed(jobs)
     assert nan["diverged"]["step"] == 1 and "loss is nan" in nan["diverged"]["reason"]
     assert nan["final"] is None and (tmp_path / "nan" / "results.json").is_file()
-    alone = train.train(compose_cfg(short), tmp_path / "alone")
+    alone = loop.train(compose_cfg(short), tmp_path / "alone")
     assert ce["diverged"] is None
     assert pd.read_csv(tmp_path / "ce" / "metrics.csv")["train_loss"].tolist() == pytest.approx(
         pd.read_csv(tmp_path / "alone" / "metrics.csv")["train_loss"].tolist(), rel=1e-6)
@@ -110,14 +112,14 @@ def test_resume_is_refused_with_a_hint(compose_cfg, tmp_path):
 def test_cifar10_packed_first_step_equals_train_py(compose_cfg, data_root, tmp_path, monkeypatch):
     """CIFAR-10 / ResNet-18 with augmentation, two steps with an evaluation between them;
     evaluation on 64 images of each split keeps this under a minute."""
-    evaluate = train.evaluate
+    evaluate = evaluation.evaluate
 
     def small_eval(model, bundle, split, cfg, device, predict_fn=None):
         data = getattr(bundle, split)
         few = Subset(data, range(0, len(data), len(data) // 64))   # strided: splits are label-sorted
         return evaluate(model, dataclasses.replace(bundle, **{split: few}), split, cfg, device, predict_fn)
 
-    monkeypatch.setattr(train, "evaluate", small_eval)
+    monkeypatch.setattr(run_job, "evaluate", small_eval)
     base = ["dataset=cifar10", f"dataset.root={data_root}", "trainer.max_steps=2",
             "trainer.eval_every=1", "trainer.eval_batch_size=64", "device=cpu",
             # at lr 0.1 the first steps blow up (loss 0.74 -> 10) and amplify the float32
@@ -129,7 +131,7 @@ def test_cifar10_packed_first_step_equals_train_py(compose_cfg, data_root, tmp_p
     for job, packed in zip(jobs, train_packed(jobs)):
         assert packed["diverged"] is None and packed["packed"]["size"] == 2
         alone_dir = tmp_path / "alone" / job.run_dir.name
-        alone = train.train(job.cfg, alone_dir)
+        alone = loop.train(job.cfg, alone_dir)
         # same init, same first batch: float32 rounding of the vmapped net only (3e-6 measured)
         assert math.isclose(first_loss(job.run_dir), first_loss(alone_dir), rel_tol=2e-5)
         # step 2, after an evaluation: for ce the weights differ by float32 rounding only (4e-5
@@ -194,7 +196,7 @@ def test_out_of_memory_halves_the_pack_and_each_run_restarts_from_its_initial_st
     assert "a pack of 3 runs is out of memory; trying packs of 1 and 2" in caplog.text
     assert sorted(r["packed"]["size"] for r in out) == [1, 2, 2, 2, 2]
     for job, res in zip(jobs, out):
-        alone = train.train(job.cfg, tmp_path / "alone" / job.name)
+        alone = loop.train(job.cfg, tmp_path / "alone" / job.name)
         packed_rows = pd.read_csv(job.run_dir / "metrics.csv")
         alone_rows = pd.read_csv(tmp_path / "alone" / job.name / "metrics.csv")
         assert packed_rows["step"].tolist() == [2, 4]

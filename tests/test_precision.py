@@ -13,12 +13,13 @@ import pandas as pd
 import pytest
 import torch
 
-import train
+from lpmetrics.run import loop
 from omegaconf import OmegaConf
 from lpmetrics.objectives.ce import CrossEntropy
 from lpmetrics.packed.launch import Job, train_packed
 from lpmetrics.run.runfolder import ADDED_DEFAULTS, config_differences
-from lpmetrics.run.validate import ConfigError, validate
+from lpmetrics.errors import ConfigError
+from lpmetrics.run.validate import validate
 
 SHORT = ["dataset=digits", "trainer.max_steps=6", "trainer.eval_every=3"]
 
@@ -30,8 +31,8 @@ def losses(run_dir) -> list[float]:
 @pytest.mark.parametrize("objective", ["ce", "auc_lp"])
 def test_bf16_changes_the_model_arithmetic_only_by_its_rounding(compose_cfg, tmp_path, objective):
     first = ["dataset=digits", "trainer.max_steps=2", "trainer.eval_every=1", f"objective={objective}"]
-    fp32 = train.train(compose_cfg(first), tmp_path / "fp32")
-    bf16 = train.train(compose_cfg([*first, "trainer.precision=bf16"]), tmp_path / "bf16")
+    fp32 = loop.train(compose_cfg(first), tmp_path / "fp32")
+    bf16 = loop.train(compose_cfg([*first, "trainer.precision=bf16"]), tmp_path / "bf16")
     a, b = losses(tmp_path / "fp32")[0], losses(tmp_path / "bf16")[0]   # same init, same batch
     assert a != b                        # autocast did run the model in bf16
     assert b == pytest.approx(a, rel=0.02)   # ... and only rounding changed (bf16: 8 bits)
@@ -48,13 +49,13 @@ def test_the_objective_sees_float32_scores_under_bf16(compose_cfg, tmp_path, mon
         return real(self, logits, labels)
 
     monkeypatch.setattr(CrossEntropy, "forward", spy)
-    train.train(compose_cfg([*SHORT, "trainer.precision=bf16"]), tmp_path / "bf16")
+    loop.train(compose_cfg([*SHORT, "trainer.precision=bf16"]), tmp_path / "bf16")
     assert seen and set(seen) == {torch.float32}
 
 
 def test_packed_bf16_run_matches_train_py_to_bf16_rounding(compose_cfg, tmp_path):
     over = ["dataset=digits", "trainer.max_steps=2", "trainer.eval_every=1", "trainer.precision=bf16"]
-    train.train(compose_cfg(over), tmp_path / "alone")
+    loop.train(compose_cfg(over), tmp_path / "alone")
     (res,) = train_packed([Job(compose_cfg(over), tmp_path / "packed", name="p")])
     alone, packed = losses(tmp_path / "alone"), losses(tmp_path / "packed")
     # the MLP's linear layers run in bf16 alone but partly in float32 inside vmap (batched
@@ -70,8 +71,8 @@ def test_precision_splits_packs(compose_cfg, tmp_path):
 
 
 def test_checkpoints_false_writes_the_same_metrics_and_no_checkpoint(compose_cfg, tmp_path):
-    train.train(compose_cfg(SHORT), tmp_path / "with")
-    res = train.train(compose_cfg([*SHORT, "trainer.checkpoints=false"]), tmp_path / "without")
+    loop.train(compose_cfg(SHORT), tmp_path / "with")
+    res = loop.train(compose_cfg([*SHORT, "trainer.checkpoints=false"]), tmp_path / "without")
     pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "with" / "metrics.csv"),
                                   pd.read_csv(tmp_path / "without" / "metrics.csv"), check_exact=True)
     assert (tmp_path / "with" / "last.pt").is_file() and (tmp_path / "with" / "best.pt").is_file()

@@ -10,11 +10,11 @@ import torch
 from omegaconf import OmegaConf
 from torch import nn
 
-import train
-from lpmetrics.run.builders import build_model
 from lpmetrics.data import build_data
 from lpmetrics.data.source import SourceData
 from lpmetrics.data.synthetic import random_teacher
+from lpmetrics.run import loop
+from lpmetrics.run.builders import build_model
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL_SYNTHETIC = ["dataset.source.n=600", "dataset.source.n_test=200", "dataset.val_size=100"]
@@ -69,7 +69,7 @@ TINY_RUN = ["dataset=cifar10", "dataset.source._target_=tests.test_protocol.tiny
 
 @pytest.mark.parametrize("task,classes", [("binary", 2), ("multiclass", 3)])
 def test_nmf_heatmaps_loads_a_train_py_checkpoint(compose_cfg, tmp_path, task, classes):
-    train.train(compose_cfg([*TINY_RUN, f"dataset.task={task}"]), tmp_path)
+    loop.train(compose_cfg([*TINY_RUN, f"dataset.task={task}"]), tmp_path)
     ckpt = torch.load(tmp_path / "last.pt", map_location="cpu", weights_only=False)
     net = nmf_heatmaps.load_network(str(tmp_path / "last.pt"), size=16)
     assert net.fc.out_features == classes

@@ -6,8 +6,9 @@ import subprocess
 
 import pytest
 
+from lpmetrics.run import loop
 from lpmetrics.run import provenance
-import train
+from lpmetrics.run.job import Run
 
 SHORT = ["dataset=digits", "model=mlp", "trainer.max_steps=4", "trainer.eval_every=4",
          "trainer.batch_size=32", "device=cpu", "logger=csv", "trainer.checkpoints=false"]
@@ -26,7 +27,7 @@ def test_a_fresh_run_names_its_commit(compose_cfg, tmp_path):
     if before is None:
         pytest.skip("the checkout is not a git repository here")
     provenance.code_version.cache_clear()   # read once per process: this test's run reads it
-    train.train(compose_cfg(SHORT), tmp_path)
+    loop.train(compose_cfg(SHORT), tmp_path)
     heads = {before, _head()}               # other sessions may commit while it runs
     rec = json.loads((tmp_path / "results.json").read_text())["provenance"]
     assert set(rec) == set(provenance.KEYS)
@@ -54,7 +55,7 @@ def test_without_git_the_run_still_writes_unknown(compose_cfg, tmp_path, monkeyp
     monkeypatch.setattr(provenance.subprocess, "run", no_git)
     monkeypatch.setattr(provenance, "STAMP", "no-such-stamp.json")   # a stamp left by a device call
     try:
-        train.train(compose_cfg(SHORT), tmp_path)
+        loop.train(compose_cfg(SHORT), tmp_path)
     finally:
         provenance.code_version.cache_clear()
     rec = json.loads((tmp_path / "results.json").read_text())["provenance"]
@@ -74,7 +75,7 @@ def test_run_outputs_do_not_make_the_tree_dirty(status, dirty):
 
 
 def test_packed_runs_record_it_too(compose_cfg, tmp_path):
-    """The packed launcher writes results.json through train.Run.results: provenance included."""
+    """The packed launcher writes results.json through Run.results: provenance included."""
     from lpmetrics.packed.launch import Job, train_packed
 
     short = ["dataset=digits", "trainer.max_steps=2", "device=cpu", "trainer.checkpoints=false"]

@@ -57,11 +57,11 @@ def test_portable_config_keeps_spelled_interpolations_and_relativises_paths(tmp_
 
 
 def test_train_records_portable_paths(compose_cfg, tmp_path, monkeypatch):
-    import train
+    from lpmetrics.run import loop
     monkeypatch.setenv("DATA_ROOT", str(tmp_path / "data"))
     cfg = compose_cfg(["dataset=digits", "model=mlp", "trainer.max_steps=2", "trainer.eval_every=2",
                        "trainer.batch_size=16", "device=cpu"])
-    train.train(cfg, tmp_path / "run")
+    loop.train(cfg, tmp_path / "run")
     text = (tmp_path / "run" / "results.json").read_text()
     assert str(tmp_path) not in text and not ABSOLUTE.findall(text)
     assert json.loads(text)["config"]["dataset"]["root"].startswith("${oc.env:DATA_ROOT")

@@ -5,22 +5,25 @@ import json
 import math
 import subprocess
 import sys
+from pathlib import Path
 
 import pandas as pd
 import pytest
 import torch
 
-import train
+from lpmetrics.errors import ConfigError
 from lpmetrics.objectives.base import Objective
+from lpmetrics.run import loop
+from lpmetrics.run.guards import NonFiniteLossError
 
-ROOT = train.Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[1]
 SHORT = ["dataset=digits", "model=mlp", "trainer.max_steps=20", "trainer.eval_every=10",
          "trainer.batch_size=32", "device=cpu", "logger=csv"]
 
 
 def test_smoke_run_writes_the_run_folder(compose_cfg, tmp_path):
     cfg = compose_cfg(SHORT + ["dataset.neg_keep=0.2"])
-    results = train.train(cfg, tmp_path)
+    results = loop.train(cfg, tmp_path)
     rows = pd.read_csv(tmp_path / "metrics.csv")
     assert list(rows["step"]) == [10, 20]
     for key in ("val_auc", "test_auc", "val_acc", "train_loss"):
@@ -38,15 +41,15 @@ def test_smoke_run_writes_the_run_folder(compose_cfg, tmp_path):
 
 def test_multiclass_smoke(compose_cfg, tmp_path):
     cfg = compose_cfg(SHORT + ["dataset.task=multiclass", "dataset.drop_rate=0.6"])
-    results = train.train(cfg, tmp_path)
+    results = loop.train(cfg, tmp_path)
     assert results["primary_metric"] == "auc_mu"
     assert 0.0 <= results["final"]["val_auc_mu"] <= 1.0
 
 
 def test_kill_and_resume_equals_uninterrupted(compose_cfg, tmp_path):
-    full = train.train(compose_cfg(SHORT), tmp_path / "full")
-    train.train(compose_cfg([*SHORT, "trainer.max_steps=10"]), tmp_path / "split")
-    resumed = train.train(compose_cfg([*SHORT, "resume=true"]), tmp_path / "split")
+    full = loop.train(compose_cfg(SHORT), tmp_path / "full")
+    loop.train(compose_cfg([*SHORT, "trainer.max_steps=10"]), tmp_path / "split")
+    resumed = loop.train(compose_cfg([*SHORT, "resume=true"]), tmp_path / "split")
     assert resumed["final"]["val_auc"] == full["final"]["val_auc"]
     assert resumed["final"]["train_loss"] == full["final"]["train_loss"]
     a = torch.load(tmp_path / "full" / "last.pt", weights_only=False)["model"]
@@ -56,22 +59,22 @@ def test_kill_and_resume_equals_uninterrupted(compose_cfg, tmp_path):
 
 def test_resume_without_checkpoint_says_what_to_do(compose_cfg, tmp_path):
     with pytest.raises(FileNotFoundError, match="hydra.run.dir"):
-        train.train(compose_cfg([*SHORT, "resume=true"]), tmp_path)
+        loop.train(compose_cfg([*SHORT, "resume=true"]), tmp_path)
 
 
 def test_init_from_starts_from_another_runs_weights(compose_cfg, tmp_path):
-    train.train(compose_cfg([*SHORT, "trainer.max_steps=10"]), tmp_path / "ce")
+    loop.train(compose_cfg([*SHORT, "trainer.max_steps=10"]), tmp_path / "ce")
     ckpt = torch.load(tmp_path / "ce" / "last.pt", weights_only=False)
     cfg = compose_cfg([*SHORT, "objective=f1_lp", f"trainer.init_from={tmp_path / 'ce' / 'last.pt'}",
                        "trainer.max_steps=1", "optimizer.lr=0.0"])
-    train.train(cfg, tmp_path / "f1")
+    loop.train(cfg, tmp_path / "f1")
     after = torch.load(tmp_path / "f1" / "last.pt", weights_only=False)
     for key, value in ckpt["model"].items():   # lr 0: one step leaves the loaded weights
         if value.is_floating_point() and "running" not in key:
             assert torch.equal(after["model"][key], value), key
     assert after["step"] == 1
-    with pytest.raises(train.ConfigError, match=r"trainer.init_from=/nonexistent/last.pt does not exist"):
-        train.train(compose_cfg([*SHORT, "trainer.init_from=/nonexistent/last.pt"]), tmp_path / "x")
+    with pytest.raises(ConfigError, match=r"trainer.init_from=/nonexistent/last.pt does not exist"):
+        loop.train(compose_cfg([*SHORT, "trainer.init_from=/nonexistent/last.pt"]), tmp_path / "x")
     assert not (tmp_path / "x").exists()   # refused before anything was built or written
 
 
@@ -85,8 +88,8 @@ class ExplodingLoss(Objective):
 def test_nan_loss_stops_with_step_and_batch_statistics(compose_cfg, tmp_path):
     cfg = compose_cfg([*SHORT, "objective._target_=tests.test_train.ExplodingLoss",
                        "~objective.label_smoothing"])
-    with pytest.raises(train.NonFiniteLossError, match=r"step 1; labels per class"):
-        train.train(cfg, tmp_path)
+    with pytest.raises(NonFiniteLossError, match=r"step 1; labels per class"):
+        loop.train(cfg, tmp_path)
 
 
 def test_hydra_multirun_runs_both_jobs(tmp_path):
@@ -104,7 +107,7 @@ def test_wandb_logger_offline(compose_cfg, tmp_path, monkeypatch):
     monkeypatch.delenv("WANDB_MODE", raising=False)
     monkeypatch.setenv("WANDB_SILENT", "true")
     cfg = compose_cfg([*SHORT, "trainer.max_steps=10", "logger=wandb", "logger.mode=offline"])
-    train.train(cfg, tmp_path)
+    loop.train(cfg, tmp_path)
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and any(runs[0].glob("*.wandb"))
 
@@ -118,5 +121,5 @@ def test_every_objective_trains_through_train_py_on_digits(compose_cfg, tmp_path
     cfg = compose_cfg([f"objective={name}", "dataset=digits", f"dataset.task={task}",
                        "trainer.max_steps=6", "trainer.eval_every=6", "trainer.batch_size=32",
                        "device=cpu"])
-    results = train.train(cfg, tmp_path)
+    results = loop.train(cfg, tmp_path)
     assert results["final"]["step"] == 6 and math.isfinite(results["final"]["train_loss"])
