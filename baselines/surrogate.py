@@ -32,9 +32,9 @@ As in the paper (the defaults):
   ``trainer.max_grad_norm=1e-5``, which this objective does not own.
 
 Batches of the surrogate steps: as Algorithm 1 (line 9), each of the :math:`K_\beta` steps draws
-a new batch, through the ``draw_batch`` callable ``train.py`` passes to :meth:`on_step_end`: the
-next batch of a second, independently seeded stream of the training split (``train.py``'s
-``SIDE_STREAM_SEED_OFFSET``), so the model's own batches are those of any other objective's run
+a new batch, through the ``draw_batch`` callable the training loop passes to :meth:`on_step_end`:
+the next batch of a second, independently seeded stream of the training split
+(:data:`lpmetrics.run.loop.SIDE_STREAM_SEED_OFFSET`), so the model's own batches are those of any other objective's run
 with the same seed, and the stream's position is checkpointed (a resumed run draws the same
 batches). Without ``draw_batch`` (a caller of the hook that has no second stream; the packed
 launcher refuses these runs) the steps cycle through the inputs of the round's :math:`K_\alpha`

@@ -21,7 +21,7 @@ lacks one of the task's classes raises :class:`SplitError` before any training.
 ``protocol`` (``dataset.split``, :data:`PROTOCOLS`) picks between that (``paper``, the default)
 and the authors' public code (``authors``; ``binary_auc.py`` of zihangm/nondecomposable-as-lp):
 the *whole* official train split is the train pool, with **no validation hold-out** (``val`` is
-empty; the trainer then records no val metrics and selects nothing, see ``train.Run``), and each
+empty; the trainer then records no val metrics and selects nothing, see :class:`lpmetrics.run.job.Run`), and each
 thinned group keeps its first ``int(keep * n)`` samples after a shuffle seeded by ``seed``
 (:func:`data.imbalance.first_after_shuffle`; not stratified by original class): CIFAR-10 at
 ``neg_keep=0.1`` trains on all 25,000 positives and 2,500 negatives, as the authors do. Their
