@@ -1,7 +1,7 @@
 """Does a real CUDA graph of each Table-1 objective's pack step equal the eager step?
 
-    python -m packed.check_graph --device cuda --out "$OUT/check_graph.json"    # a GPU window
-    OMP_NUM_THREADS=1 python -m packed.check_graph --device cpu --steps 4     # the script itself
+    python -m lpmetrics.packed.check_graph --device cuda --out "$OUT/check_graph.json"    # a GPU window
+    OMP_NUM_THREADS=1 python -m lpmetrics.packed.check_graph --device cpu --steps 4     # the script itself
 
 The float64 CPU tests (``tests/test_packed_capture.py``) stand in for the graph; this is the check
 only a GPU can make. For ``ce``, ``auc_lp``, ``ppd_sg`` and ``ppd_adagrad`` (each with its own

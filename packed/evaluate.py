@@ -47,7 +47,7 @@ bitwise; not measured yet.
 
 Time. On the CPU the pack runs its models one after another, so one pass saves only predict's
 per-call costs: a pack of 4 ResNet-18s, 128 random 32 px images per split, one thread of a 2-core
-CPU shared with other trainings (``python -m packed.evaluate``, 3 repeats): 2.42-2.63 s run by
+CPU shared with other trainings (``python -m lpmetrics.packed.evaluate``, 3 repeats): 2.42-2.63 s run by
 run, 2.28-2.52 s batched, metrics equal. The pass pays off where the pack's forward is one grouped computation
 (CUDA); timing it there is the point of the script.
 """
@@ -233,7 +233,7 @@ class PackEvaluator:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    """``python -m packed.evaluate [--n 4] [--images 128] [--device cpu] [--mode auto]``:
+    """``python -m lpmetrics.packed.evaluate [--n 4] [--images 128] [--device cpu] [--mode auto]``:
     one evaluation of a pack (val and test, both BatchNorm modes, as :func:`run.evaluation.evaluate`
     makes it) per run and batched, side by side, on random data; prints the seconds and the
     largest metric difference."""

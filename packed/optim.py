@@ -53,7 +53,7 @@ bitwise, because ATen's CPU ``addcmul`` rounds ``self + t1 * t2`` once (its buil
 into an FMA) and Inductor's C++ rounds the product first. On CUDA Inductor's ``addcmul`` is
 written to round as ATen's; whether the whole update is then bitwise is not measured yet. Time of
 a ResNet-18 pack of 4's update, float32, one thread of a 2-core CPU shared with other trainings
-(``python -m packed.optim``, min-median of 10 steps): 143-154 ms eager, 58-63 ms one pass (a
+(``python -m lpmetrics.packed.optim``, min-median of 10 steps): 143-154 ms eager, 58-63 ms one pass (a
 more loaded run: 301-384 and 51-80 ms), parameters 2e-7 apart (relative) after 12 steps. Until a
 GPU has measured speed and rounding, the default stays the eager update (``fused=False``).
 """
@@ -268,7 +268,7 @@ def _own_buffers(optimizer, state_dict: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    """``python -m packed.optim [--n 4] [--device cpu] [--steps 10]``: the update of a ResNet-18
+    """``python -m lpmetrics.packed.optim [--n 4] [--device cpu] [--steps 10]``: the update of a ResNet-18
     pack (momentum 0.9, weight decay 5e-4, random gradients), eager and one pass side by side:
     median and min ms per step (the compiling step apart) and the largest relative difference."""
     import argparse

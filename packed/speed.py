@@ -1,7 +1,7 @@
 """Packed step vs the same runs as separate steps: :func:`build_runs`, :func:`interleaved_ms`.
 
-    OMP_NUM_THREADS=1 python -m packed.speed                         # CPU, N=4
-    python -m packed.speed --device cuda --n 1 8 24 --models resnet18   # GPU, an N sweep
+    OMP_NUM_THREADS=1 python -m lpmetrics.packed.speed                         # CPU, N=4
+    python -m lpmetrics.packed.speed --device cuda --n 1 8 24 --models resnet18   # GPU, an N sweep
 
 A sanity number for the docstring of :mod:`packed.model` (CE + SGD, float32); the full
 benchmark (N sweep, image sizes, objectives, bf16, CUDA graphs, memory, TFLOP/s) is

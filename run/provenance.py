@@ -10,7 +10,7 @@ through :meth:`~lpmetrics.run.job.Run.results` -- ``train.py`` runs, packed and 
      "cpu_count": 16, "python": "3.11.9"}
 
 A copy of the code without its ``.git`` (the tree a lent GPU machine receives) names its commit
-through a stamp written beside this file before the copy leaves: ``python provenance.py stamp``
+through a stamp written at the checkout's root before the copy leaves: ``python -m lpmetrics.run.provenance stamp``
 writes ``.code_version.json`` (git-ignored; carry it into the device call). The stamp also holds a
 fingerprint of the tracked files outside the output folders (their paths and contents); where the
 files here still match it and the ``.git`` beside them (if any) has never seen the stamped commit,
@@ -43,7 +43,7 @@ from typing import Any
 import torch
 
 KEYS = ("git_commit", "git_dirty", "torch", "cuda", "device_name", "cpu_count", "python")
-CODE_DIR = Path(__file__).resolve().parent
+CODE_DIR = Path(__file__).resolve().parents[1]   # the checkout (this file is run/provenance.py)
 UNKNOWN = "unknown"
 #: untracked paths under these folders are run outputs, not code changes
 OUTPUT_FOLDERS = ("results/", "outputs/", "multirun/")
@@ -120,7 +120,7 @@ def _git_has(folder: Path, commit: str) -> bool:
 def code_version(folder: Path = CODE_DIR) -> tuple[str, bool | None]:
     """``(commit, dirty)`` of the code in ``folder``: git, unless git cannot answer or its
     repository has never seen the stamped commit (a stale copy of ``.git``) while the files
-    still match the stamp (``python provenance.py stamp``): then the stamp; with no git and a
+    still match the stamp (``python -m lpmetrics.run.provenance stamp``): then the stamp; with no git and a
     stamp the files do not match, the stamp's commit with changes (an older stamp, without
     fingerprint: as it says); ``("unknown", None)`` when nothing answers. (Files added after the
     stamp are not seen where the stamp answers.) The files are hashed only where git alone
@@ -183,8 +183,8 @@ def record(device: torch.device | str = "cpu", folder: Path = CODE_DIR) -> dict[
             "cpu_count": os.cpu_count(), "python": platform.python_version()}
 
 
-if __name__ == "__main__":   # python provenance.py stamp: before copying the tree to a lent machine
+if __name__ == "__main__":   # python -m lpmetrics.run.provenance stamp: before copying the tree to a lent machine
     import sys
     if sys.argv[1:] != ["stamp"]:
-        sys.exit("usage: python provenance.py stamp")
+        sys.exit("usage: python -m lpmetrics.run.provenance stamp")
     print(json.dumps(stamp()))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 
-import train
+from lpmetrics.run.loop import train
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -27,7 +27,7 @@ def main(objectives: list[str]) -> None:
         with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
             cfg = compose("config", overrides=["experiment=demo", f"objective={name}", "device=cpu"])
         start = time.perf_counter()
-        results = train.train(cfg, ROOT / "outputs" / "demo" / name)
+        results = train(cfg, ROOT / "outputs" / "demo" / name)
         final = results["final"]
         rows.append((name, final["test_auc"], final["test_ap"], final["test_f1"], final["test_acc"],
                      results["timing_ms_median"]["step"], time.perf_counter() - start))

@@ -101,8 +101,8 @@ def test_device_command_folds_back_to_train_py_runs_and_twice_changes_nothing(qu
     assert campaign_fold.fold([returned], d, log=lambda m: None)["done"] == 2
     for entry in json.loads((d / "queue.json").read_text())["entries"][:2]:
         cfg = compose_job([*entry["overrides"], *DEVICE_SET])
-        import train
-        train.train(cfg, tmp_path / "alone" / entry["key"], {"objective": entry["objective"]})
+        from lpmetrics.run import loop
+        loop.train(cfg, tmp_path / "alone" / entry["key"], {"objective": entry["objective"]})
         mine = pd.read_csv(d / "runs" / entry["key"] / "metrics.csv")
         alone = pd.read_csv(tmp_path / "alone" / entry["key"] / "metrics.csv")
         assert mine["step"].tolist() == [3, 6] and mine.equals(alone)   # every row, every column
@@ -214,10 +214,10 @@ def test_choose_takes_whole_blocks_then_single_runs_that_fit():
 
 
 def test_fold_cpu_takes_a_finished_run_as_its_entry_and_refuses_a_short_one(queue_dir, tmp_path):
-    import train
+    from lpmetrics.run import loop
     d = folded_copy(queue_dir, tmp_path)
     entry = json.loads((d / "queue.json").read_text())["entries"][0]
-    train.train(compose_job([*entry["overrides"], "trainer.eval_every=3", "device=cpu"]), tmp_path / "ce_run",
+    loop.train(compose_job([*entry["overrides"], "trainer.eval_every=3", "device=cpu"]), tmp_path / "ce_run",
                 {"objective": "ce"})
     assert campaign_fold.fold_cpu([tmp_path / "ce_run"], d, log=lambda m: None)["done"] == 1
     meta = json.loads((d / "runs" / entry["key"] / "campaign.json").read_text())
@@ -226,7 +226,7 @@ def test_fold_cpu_takes_a_finished_run_as_its_entry_and_refuses_a_short_one(queu
     assert campaign_fold.fold_cpu([tmp_path / "ce_run"], d, log=lambda m: None)["unchanged"] == 1
     assert snapshot(d) == before
     short = compose_job([*entry["overrides"], "trainer.max_steps=3", "device=cpu", "seed=1"])
-    train.train(short, tmp_path / "short", {"objective": "ce"})
+    loop.train(short, tmp_path / "short", {"objective": "ce"})
     with pytest.raises(campaign_fold.FoldError, match="ran 3 of 3 steps; the campaign folds runs of 6"):
         campaign_fold.fold_cpu([tmp_path / "short"], d)
 

@@ -367,7 +367,7 @@ def test_launcher_on_cuda_terms_writes_the_same_metrics(compose_cfg, tmp_path, m
 
 
 def test_the_gpu_check_script_runs_on_the_cpu(tmp_path):
-    """``python -m packed.check_graph`` (for a GPU window) on the CPU with its stand-in graph:
+    """``python -m lpmetrics.packed.check_graph`` (for a GPU window) on the CPU with its stand-in graph:
     the replayed pack equals the same stepper run eagerly, bitwise."""
     from lpmetrics.packed.check_graph import main
     rows = main(["--device", "cpu", "--model", "mlp", "--n", "2", "--steps", "4",

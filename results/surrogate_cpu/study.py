@@ -7,7 +7,7 @@ NOT the paper's nine tabular datasets (results/surrogate_cpu/README.md says why 
 
 (from the repository root: a module of the namespace package ``results``, so ``train`` imports.)
 
-Every run trains through ``train.train`` (the code ``python train.py`` runs), into
+Every run trains through ``lpmetrics.run.loop.train`` (the code ``python train.py`` runs), into
 ``results/surrogate_cpu/runs/<dataset>/<method>/seed<k>/`` (metrics.csv, results.json; no
 checkpoints). A run folder that already holds results.json is not trained again.
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 
-import train
+from lpmetrics.run.loop import train
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -74,7 +74,7 @@ def train_missing() -> None:
         with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
             cfg = compose("config", overrides=COMMON + overrides + [f"dataset={dataset}", f"seed={seed}"])
         start = time.process_time()
-        final = train.train(cfg, out, choices={"objective": overrides[0].split("=")[1],
+        final = train(cfg, out, choices={"objective": overrides[0].split("=")[1],
                                                "dataset": dataset})["final"]
         print(f"[study] {dataset} {method} seed {seed}: test AUC {final['test_auc']:.4f} "
               f"F1 {final['test_f1']:.4f} ({time.process_time() - start:.1f} s CPU)", flush=True)

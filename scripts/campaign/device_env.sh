@@ -6,7 +6,7 @@
 # .whl/ into a temporary folder on PYTHONPATH. Build them here once with
 #   .venv/bin/pip wheel --no-deps -w .whl hydra-core==1.3.8 omegaconf==2.3.1 antlr4-python3-runtime==4.9.3
 # and name .whl in the device call's carry. `machine_txt FILE` records the machine and the code
-# version (provenance.py: git, or the stamp `python provenance.py stamp` wrote before the call --
+# version (provenance.py: git, or the stamp `python -m lpmetrics.run.provenance stamp` wrote before the call --
 # the device gets the tree without .git, so carry .code_version.json too).
 OUT=${OUT:?set OUT}; PY=${PY:-python3}
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -21,7 +21,7 @@ fi
 machine_txt() {
   { date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null \
       || echo "no nvidia-smi"
-    (cd "$ROOT" && $PY -c "import json, hydra, provenance, torch; \
+    (cd "$ROOT" && $PY -c "import json, hydra, torch; from lpmetrics.run import provenance; \
 print('hydra', hydra.__version__, json.dumps(provenance.record('cuda' if torch.cuda.is_available() else 'cpu')))"); \
   } > "$1" 2>&1
 }

@@ -2,7 +2,7 @@
 # The campaign's one device command: the next queued runs of the paper's tables that
 # fit this command, trained to their full 40k steps as packs; metrics only. See scripts/campaign/cli.py.
 #
-#   (here, before: python provenance.py stamp -- carry .code_version.json, .whl and the data pack)
+#   (here, before: python -m lpmetrics.run.provenance stamp -- carry .code_version.json, .whl and the data pack)
 #   OUT=<folder> DATA_ROOT=<folder with the data pack> bash scripts/campaign/gpu_campaign.sh
 #   (here, afterwards: python -m scripts.campaign fold <returned OUT>; then commit results/paper_tables)
 #

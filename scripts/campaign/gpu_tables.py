@@ -66,7 +66,7 @@ def measure(cfg, overrides: list[str], device, pack_n: int, reps: int,
     (:data:`packed.model.MODES`, as ``train_packed(mode=)``; ``mode`` in the result)."""
     from hydra.utils import instantiate
 
-    import train
+    from lpmetrics.run.evaluation import evaluate
     from lpmetrics.run.builders import build_model, instantiate_runtime, runtime_values
     from lpmetrics.data import build_data
     from lpmetrics.packed.graph import GraphedStep, capture_form
@@ -94,7 +94,7 @@ def measure(cfg, overrides: list[str], device, pack_n: int, reps: int,
     model = build_model(cfg, bundle).to(device)
     t0 = time.perf_counter()
     for split in ("val", "test"):
-        train.evaluate(model, bundle, split, cfg, device)
+        evaluate(model, bundle, split, cfg, device)
     out["eval_ms"] = 1000 * (time.perf_counter() - t0)
     return out
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One lent GPU window, campaign first, then the LP timings, as one device command
 # of at most ~580 s with the defaults (run it with timeout_s=600). In order:
-#   1. python -m packed.check_graph: each Table-1 objective's pack step as a real CUDA graph
+#   1. python -m lpmetrics.packed.check_graph: each Table-1 objective's pack step as a real CUDA graph
 #      against the same step eagerly (ResNet-18, pack of 4, 8 steps)  -> check_graph.json
 #   2. scripts/campaign/gpu_campaign.sh with CUDA_GRAPH=1 only if in step 1 ce ran and every objective that
 #      ran gave graph = eager within GRAPH_TOL on losses and parameters (one that failed there
@@ -12,7 +12,7 @@
 #                                          -> time_capture_lp.jsonl (both scripts' lines)
 # plus window.log (this script's decisions). Seven files under OUT: all come back.
 #
-#   (here, before: python -m scripts.campaign status   # names the data pack;  python provenance.py stamp)
+#   (here, before: python -m scripts.campaign status   # names the data pack;  python -m lpmetrics.run.provenance stamp)
 #   device run, carry [.whl, .code_version.json, .devdata]:
 #   OUT=$OUT DATA_ROOT=.devdata bash scripts/campaign/gpu_window.sh
 #   (here, after: python -m scripts.campaign fold <returned folder>; commit results/paper_tables)
@@ -63,7 +63,7 @@ log() { echo "[window $(date -u +%H:%M:%S)] $*" | tee -a "$OUT/window.log"; }
 
 if [ "$CHECK_S" -gt 0 ]; then
 log "1. CUDA-graph check (timeout ${CHECK_S} s)"
-(cd "$ROOT" && timeout --signal=TERM "$CHECK_S" $PY -m packed.check_graph --device "$DEV" \
+(cd "$ROOT" && timeout --signal=TERM "$CHECK_S" $PY -m lpmetrics.packed.check_graph --device "$DEV" \
     --out "$OUT/check_graph.json" ${check_args[0]:+"${check_args[@]}"}) 2>&1 | tail -n 20 | tee -a "$OUT/window.log"
 graph=$($PY - "$OUT/check_graph.json" "$GRAPH_TOL" <<'EOF'
 import json, sys

@@ -32,7 +32,7 @@ timeout "${BENCH_S:-160}" $PY -m scripts.packed.bench_packed --device "$DEVICE" 
     || stamp "bench rc $?"
 cp "$bench/bench.json" "$OUT/" 2>/dev/null   # bench.md is in the log and rendered here again
 stamp "profile"
-timeout "${PROFILE_S:-45}" $PY -m packed.speed --device "$DEVICE" --n "${PROFILE_N:-24}" --models resnet18 --profile --sync-free \
+timeout "${PROFILE_S:-45}" $PY -m lpmetrics.packed.speed --device "$DEVICE" --n "${PROFILE_N:-24}" --models resnet18 --profile --sync-free \
     || stamp "profile rc $?"
 stamp "gpu_tables cifar10"
 BUDGET=${TABLES_S:-250} OUT="$OUT/tables" bash scripts/campaign/gpu_tables.sh cifar10 || stamp "tables rc $?"

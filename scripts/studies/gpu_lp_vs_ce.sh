@@ -34,7 +34,7 @@ if [ "$BENCH" = 1 ]; then
   timeout 60 $PY -m scripts.solver.bench_step_time --dataset cifar10 --objectives ce auc_lp ppd_sg f1_lp \
       --steps 30 --device "$DEVICE" --out "$OUT/bench" > "$OUT/bench_step_time.log" 2>&1
   cp "$OUT"/bench/*.md "$OUT/bench_step_time.md" 2>/dev/null; rm -rf "$OUT/bench"
-  timeout 45 $PY -m packed.speed --device "$DEVICE" --n 1 8 24 --models resnet18 --reps 5 \
+  timeout 45 $PY -m lpmetrics.packed.speed --device "$DEVICE" --n 1 8 24 --models resnet18 --reps 5 \
       > "$OUT/packed_speed.log" 2>&1
   tail -n 5 "$OUT/bench_step_time.log" "$OUT/packed_speed.log"
 fi

@@ -44,7 +44,7 @@ Rules
    the queued runs still missing. Under the table: the code versions of its runs (results.json
    ``provenance``; "unrecorded" before it existed); a dagger marks a cell whose runs span versions.
 5. ``--bn`` (default eval): the BatchNorm mode of the test numbers. Every evaluation records
-   test in both modes (train.evaluate): ``test_<m>`` in the run's ``trainer.eval_bn`` mode
+   test in both modes (lpmetrics.run.evaluation.evaluate): ``test_<m>`` in the run's ``trainer.eval_bn`` mode
    (running statistics by default) and ``test_bntrain_<m>`` with each test batch of 32
    normalised by its own statistics (the authors' evaluation, binary_auc.py: their code never
    calls model.eval()). eval is the default because it is standard practice and the mode every
