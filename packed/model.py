@@ -25,11 +25,11 @@ Why ``torch.func`` and not a hand-written grouped-convolution ResNet:
   its own channels. The price: activations keep the model axis in front (``[N, B, C, H, W]``),
   so each layer's rule moves it into the channels and back (a copy per layer), which a network
   written natively in the grouped layout ``[B, N*C, H, W]`` would not do. Measured on one CPU
-  thread (``OMP_NUM_THREADS=1 python -m packed.speed``; float32, N=4, CE + SGD step, a 2-core
+  thread (``OMP_NUM_THREADS=1 python -m lpmetrics.packed.speed``; float32, N=4, CE + SGD step, a 2-core
   machine loaded by two other trainings): ResNet-18 32x32 batch 64, packed
   1005-1049 ms vs 775-786 ms for 4 separate steps (1.30-1.33x, two runs); MLP 1.23-1.32x.
   At larger N the grouped convolutions themselves cost more than N plain ones on the CPU
-  (``python -m packed.speed --profile``, N=8: backward 2.39 s vs 1.68 s, forward 0.76 s vs
+  (``python -m lpmetrics.packed.speed --profile``, N=8: backward 2.39 s vs 1.68 s, forward 0.76 s vs
   0.50 s; the layout copies are ~11 % of the extra), so the CPU ratio grows with N (1.40x at N=8,
   1.85x at N=24, ``results/packed_bench/``). On an H100 packing paid off from N=8 (0.66x) and
   N=24 (0.37x). Hence the CPU's ``loop`` mode: the per-model kernels behind the same storage and
@@ -66,9 +66,12 @@ from lpmetrics.packed import gemm
 #: (each model on its own rows of the storage, one after another: the CPU's mode, where oneDNN's
 #: grouped convolutions are slower than N plain ones), ``auto`` (vmap on CUDA, loop elsewhere).
 #: ``gemm`` (torchvision ResNet-18/34 only: each convolution one batched GEMM over the runs,
-#: :mod:`packed.gemm`; not chosen by ``auto``). All write the same storage and share one
-#: backward; ``loop`` runs each model's own kernels, so it equals separate runs bit for bit.
-MODES = ("auto", "vmap", "loop", "gemm")
+#: :mod:`packed.gemm`; not chosen by ``auto``). ``streams``: ``loop``'s per-model kernels, each
+#: model's on its own CUDA stream (they overlap; one CUDA graph captures them all), with each
+#: model's batch in the layout a lone run feeds it (:meth:`PackedModels._streams`): the exact
+#: fallback, equal to lone runs bit for bit; on the CPU it runs the models one after another.
+#: All write the same storage and share one backward.
+MODES = ("auto", "vmap", "loop", "gemm", "streams")
 
 
 class PackError(ValueError):
@@ -180,6 +183,7 @@ class PackedModels:
             self.models.append(view)
         self._skeleton.train(models[0].training)
         self._gemm_plan = self._plan_gemm() if mode == "gemm" else None
+        self._streams_of = None   # (device, [stream per model]) once mode="streams" runs on CUDA
 
     def _plan_gemm(self) -> gemm.Plan:
         try:
@@ -213,6 +217,44 @@ class PackedModels:
                                       {k: v[i] for k, v in self.buffers.items()}, x[i])
                             for i in range(self.n)])
 
+    def _stream_pool(self, device: torch.device) -> list:
+        """One side stream per model on ``device``, made once (a CUDA graph replays on them)."""
+        if self._streams_of is None or self._streams_of[0] != device:
+            self._streams_of = (device, [torch.cuda.Stream(device=device) for _ in range(self.n)])
+        return self._streams_of[1]
+
+    def _streams(self, x: torch.Tensor) -> torch.Tensor:
+        """Model ``i``'s forward on stream ``i`` (``mode="streams"``): the kernels of a lone run.
+
+        Inputs: an image batch ``[B, C, H, W]`` goes in channels-last, the layout in which a lone
+        run receives it (the image datasets store NHWC and hand out batch views,
+        :mod:`data.datasets`; the pack stacks them contiguous, :func:`packed.launch._draw`), so
+        every convolution is the lone run's; ``loop`` feeds the contiguous rows and differs
+        from lone runs by rounding on images. Streams: each side stream first waits for the
+        current one (the input and the parameters are ready), runs its model, and the current
+        stream waits for all of them before the logits are stacked; autograd runs each
+        backward kernel on its forward's stream, so the backward overlaps the same way. The same
+        fork and join is what CUDA graph capture needs of side streams."""
+        params = {k: v.unbind(0) for k, v in self.params.items()}
+        rows = [x[i].contiguous(memory_format=torch.channels_last) if x.dim() == 5 else x[i]
+                for i in range(self.n)]
+
+        def one(i):
+            return self._one({k: r[i] for k, r in params.items()},
+                             {k: v[i] for k, v in self.buffers.items()}, rows[i])
+        if x.device.type != "cuda":
+            return torch.stack([one(i) for i in range(self.n)])
+        current = torch.cuda.current_stream(x.device)
+        outs = []
+        for i, side in enumerate(self._stream_pool(x.device)):
+            side.wait_stream(current)
+            with torch.cuda.stream(side):
+                outs.append(one(i))
+        for side, out in zip(self._streams_of[1], outs):
+            current.wait_stream(side)
+            out.record_stream(current)   # made on ``side``, read and freed on ``current``
+        return torch.stack(outs)
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() < 2 or x.shape[0] != self.n:
             raise ValueError(f"packed input must be [N={self.n}, B, ...] (one batch per model); "
@@ -220,6 +262,8 @@ class PackedModels:
         mode = self.mode if self.mode != "auto" else ("vmap" if x.device.type == "cuda" else "loop")
         if mode == "loop":
             return self._loop(x)
+        if mode == "streams":
+            return self._streams(x)
         if mode == "gemm":   # the mode may be set after packing (a benchmark times each in turn)
             if self._gemm_plan is None:
                 self._gemm_plan = self._plan_gemm()

@@ -2,7 +2,9 @@ r"""Each device window chooses its pack variant: :func:`select_mode` (gate, then
 
 The packed forward has several implementations (:data:`packed.model.MODES`): ``vmap`` (cuDNN
 grouped convolutions), ``gemm`` (torchvision ResNets only: batched GEMMs over the runs,
-:mod:`packed.gemm`) and ``loop`` (each run's own kernels). Which is fastest depends on the card,
+:mod:`packed.gemm`), ``loop`` (each run's own kernels) and ``streams`` (``loop`` with each run on
+its own CUDA stream and its batch in the lone run's layout: the exact fallback, which passes the
+gate only at distance 0, :data:`EXACT`). Which is fastest depends on the card,
 the model, the image size and the pack size, and a mode is only worth its speed if it trains the
 runs ``train.py`` would. So a window, before it trains, takes its first planned pack and
 
@@ -44,7 +46,8 @@ runs ``train.py`` would. So a window, before it trains, takes its first planned 
 
    The image packs' batches are channels-last views; ``train.py`` feeds them so, the pack
    stacks them contiguous (:func:`packed.launch._draw`), so on image data even ``loop`` differs
-   from the lone runs by rounding (ratios 1.1-1.2 in the pack above), and is exact on flat data.
+   from the lone runs by rounding (ratios 1.1-1.2 in the pack above), and is exact on flat data;
+   ``streams`` hands each run its rows back in channels-last and is exact on both.
 2. **times** every passing candidate: its gated pack goes on stepping (what the launcher would
    step: :func:`packed.launch.step_runner`, so a CUDA graph's replay where asked), :data:`WARM`
    untimed steps, then up to :data:`REPS` timed ones, candidates interleaved round by round so
@@ -122,6 +125,10 @@ class Trial:
     model: torch.nn.Module
 
 
+#: modes that run each run's own kernels in its own layout: they pass the gate only at distance 0
+EXACT = ("streams",)
+
+
 def default_mode(device: torch.device) -> str:
     """What ``mode="auto"`` runs on ``device`` (:class:`packed.model.PackedModels`)."""
     return "vmap" if device.type == "cuda" else "loop"
@@ -135,7 +142,7 @@ def candidates(model: torch.nn.Module) -> list[tuple[str, str | None]]:
         why = None
     except gemm.GemmPlanError as err:
         why = f"not available: {err}"
-    return [("vmap", None), ("gemm", why), ("loop", None)]
+    return [("vmap", None), ("gemm", why), ("loop", None), ("streams", None)]
 
 
 @contextlib.contextmanager
@@ -269,9 +276,15 @@ def _gate(trial: Trial, mode: str, target: list[torch.Tensor], ref: list[float],
         return None
     ratios = [di / max(ri, FLOOR) if di == di else math.inf for di, ri in zip(d, ref)]   # NaN fails
     worst = max(range(len(d)), key=ratios.__getitem__)
-    row.update(gate_distance=d, gate_ratio=ratios[worst], passed=ratios[worst] <= K)
+    exact = mode in EXACT
+    row.update(gate_distance=d, gate_ratio=ratios[worst],
+               passed=ratios[worst] <= K and (not exact or max(d) == 0.0))
     if row["passed"]:
         return stepper
+    if exact and ratios[worst] <= K:
+        row["why"] = (f"failed the gate: {trial.names[worst]} is {d[worst]:.3g} from its lone run; "
+                      f"mode {mode!r} must equal it bit for bit")
+        return None
     row["why"] = (f"failed the gate: {trial.names[worst]} is {d[worst]:.3g} from its lone run, "
                   f"{ratios[worst]:.3g} x its reference {ref[worst]:.3g} (at most {K} x)")
     return None

@@ -135,6 +135,8 @@ class PackedStep:
                              "runs with train.py (hydra/launcher=basic), not in a pack")
         why = unsupported(self.packed, self.optimizers)
         on_cuda = next(iter(self.packed.params.values())).device.type == "cuda"
+        if self.packed.mode == "streams":   # the exact mode: each run's own optimizer.step()
+            why = why or "mode='streams' replays each run's own update"
         if self.pack_update and why:
             raise ValueError(f"pack_update=True but {why}: leave pack_update=None to fall back")
         want = self.pack_update if self.pack_update is not None else on_cuda
@@ -253,7 +255,8 @@ class PackedStep:
         out: dict[int, torch.Tensor] = {}
         groups: dict = {}
         for i in live:
-            key = self.objectives[i].pack_key() if self.batch_losses and hasattr(self.objectives[i], "pack_key") else None
+            batched = self.batch_losses and self.packed.mode != "streams"   # streams: each run's own call
+            key = self.objectives[i].pack_key() if batched and hasattr(self.objectives[i], "pack_key") else None
             if key is None:
                 out[i] = self.objectives[i](logits[i], y[i])
             else:

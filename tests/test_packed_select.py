@@ -54,14 +54,14 @@ def test_exact_modes_pass_and_the_fastest_passing_mode_is_chosen(jobs):
     record = select.select_mode(jobs)
     json.dumps(record)   # plan.json takes it as it is
     got = rows(record)
-    assert list(got) == ["vmap", "gemm", "loop"] and record["pack_size"] == 3
+    assert list(got) == ["vmap", "gemm", "loop", "streams"] and record["pack_size"] == 3
     assert got["gemm"]["why"].startswith("not available") and got["gemm"]["ms_per_run_step"] is None
     assert record["gate"]["reference"] == "lone run in float32 vs float64 (CPU: no TF32)"
     assert all(0 < r < 1e-5 for r in record["gate"]["reference_distance"])   # float32 rounding, nonzero
-    for mode in ("vmap", "loop"):   # the MLP's packed steps equal its lone ones bit for bit
+    for mode in ("vmap", "loop", "streams"):   # the MLP's packed steps equal its lone ones bit for bit
         assert got[mode]["gate_distance"] == [0.0, 0.0, 0.0] and got[mode]["passed"]
         assert got[mode]["ms_per_run_step"] > 0 and got[mode]["timed_steps"] == select.REPS
-    fastest = min(("vmap", "loop"), key=lambda m: got[m]["ms_per_run_step"])
+    fastest = min(("vmap", "loop", "streams"), key=lambda m: got[m]["ms_per_run_step"])
     assert record["chosen"] == fastest and record["fell_back"] is None and fastest in record["why"]
 
 
@@ -106,7 +106,7 @@ def test_a_tiny_budget_still_chooses_and_says_why(jobs):
     assert record["chosen"] == "loop" and record["fell_back"].startswith("no passing candidate was timed")
     assert {r["mode"]: r["why"] for r in record["candidates"]} == {
         "vmap": "not gated: the budget ran out", "gemm": rows(record)["gemm"]["why"],
-        "loop": "not gated: the budget ran out"}
+        "loop": "not gated: the budget ran out", "streams": "not gated: the budget ran out"}
 
 
 def test_timing_stops_when_the_budget_runs_out_and_chooses_among_what_was_timed():
@@ -154,6 +154,18 @@ def test_on_cuda_the_reference_is_tf32_on_vs_off_and_loop_passes(compose_cfg, tm
     assert record["fell_back"] is None and got[record["chosen"]]["passed"]
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_streams_equals_lone_runs_bit_for_bit_and_replays_as_a_graph(compose_cfg, tmp_path):
+    """Per-run streams: each run's forward and backward on its own CUDA stream, the whole pack
+    step captured as one CUDA graph (``cuda_graph=True`` times the replay), each run bitwise
+    its lone twin."""
+    jobs = [Job(compose_cfg([*SET, "device=cuda", f"objective={o}", f"seed={s}"]), tmp_path / f"{o}{s}", {}, f"{o}{s}")
+            for o, s in (("ce", 0), ("ce", 1), ("auc_lp", 0))]
+    got = rows(select.select_mode(jobs, budget_s=120, cuda_graph=True, modes=["streams"]))
+    assert got["streams"]["gate_distance"] == [0.0, 0.0, 0.0] and got["streams"]["passed"], got["streams"]
+    assert got["streams"]["ms_per_run_step"] > 0
+
+
 def test_the_probe_times_the_mode_it_is_given(compose_cfg):
     from scripts.campaign import gpu_tables
     cfg = compose_cfg([*SET, "objective=ce"])
@@ -190,9 +202,34 @@ def test_campaign_run_selects_then_trains_the_chosen_mode(how, tmp_path, capsys)
     if how == "off":
         assert chosen == "auto" and plan["pack_mode"]["why"].startswith("selector off")
         return
-    assert chosen in ("vmap", "loop") and plan["pack_mode"]["fell_back"] is None
-    assert {c["mode"] for c in plan["pack_mode"]["candidates"]} == {"vmap", "gemm", "loop"}
+    assert chosen in ("vmap", "loop", "streams") and plan["pack_mode"]["fell_back"] is None
+    assert {c["mode"] for c in plan["pack_mode"]["candidates"]} == {"vmap", "gemm", "loop", "streams"}
     assert plan["pack_mode"]["runs"] == plan["kept"]
     assert f"pack mode: {chosen}" in capsys.readouterr().out
     probed = plan["speed"].get("mode")
     assert plan["pack_mode"]["probed_mode"] == probed == (chosen if how == "probe" else None)
+
+
+def test_streams_equals_lone_runs_bit_for_bit_on_images_where_loop_rounds(compose_cfg, tmp_path, data_root):
+    """The exact fallback: each run's own kernels with its batch in the lone run's (channels-last)
+    layout; on the CPU the runs go one after another, which is what a stream pack does per run."""
+    img = ["dataset=cifar10", f"dataset.root={data_root}", "model=resnet18", "device=cpu", "logger=csv",
+           "trainer.checkpoints=false", "trainer.batch_size=8"]
+    jobs = [Job(compose_cfg([*img, f"objective={o}"]), tmp_path / o, {}, o) for o in ("ce", "auc_lp")]
+    got = rows(select.select_mode(jobs, modes=["loop", "streams"], budget_s=600))
+    assert got["streams"]["gate_distance"] == [0.0, 0.0] and got["streams"]["passed"]
+    assert max(got["loop"]["gate_distance"]) > 0.0   # contiguous rows: rounding, within the gate
+    assert got["loop"]["passed"]
+
+
+def test_streams_must_be_bitwise_a_rounding_sized_difference_fails_it(jobs, perturbed):
+    perturbed("streams", lambda logits: logits * (1 + 2 ** -22))   # a rounding, not an error
+    got = rows(select.select_mode(jobs, modes=["loop", "streams"]))
+    assert got["loop"]["passed"] and not got["streams"]["passed"]
+    assert "bit for bit" in got["streams"]["why"] or "failed the gate" in got["streams"]["why"]
+
+
+def test_a_streams_pack_steps_each_runs_own_optimizer_and_objective(jobs, tmp_path):
+    trial = select.trial_from_jobs(jobs, tmp_path / "trial")
+    stepper = trial.packed_step("streams")
+    assert stepper.update is None and "streams" in stepper.update_note

@@ -53,6 +53,7 @@ cuda_tests() {   # every test that CPU machines skip for want of CUDA (-rs lists
         tests/test_packed_onepass_sgd.py::test_one_pass_captured_in_a_cuda_graph_equals_the_eager_update \
         tests/test_packed_evaluate.py::test_pack_predict_on_cuda_agrees_with_predict \
         tests/test_packed_select.py::test_on_cuda_the_reference_is_tf32_on_vs_off_and_loop_passes \
+        tests/test_packed_select.py::test_on_cuda_streams_equals_lone_runs_bit_for_bit_and_replays_as_a_graph \
         >> "$OUT/cuda_tests.log" 2>&1
 }
 

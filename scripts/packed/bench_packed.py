@@ -13,7 +13,7 @@ sync-free (:class:`packed.PackedStep`'s sync-free mode), the same with one pack-
 instead of N per-run optimizers (:class:`packed.optim.PackedSGD`; "–" where the runs' optimizer is
 not plain SGD, e.g. PPD) and separate; beside them, the eager packed step with each pack
 forward of ``--forwards`` (:data:`packed.model.MODES`: ``vmap``'s grouped convolutions, ``loop``'s
-per-run kernels, ``gemm``'s batched GEMMs over the runs, :mod:`packed.gemm`), reported as
+per-run kernels, ``gemm``'s batched GEMMs over the runs, :mod:`packed.gemm`, ``streams``' per-run CUDA streams), reported as
 ``gemm/vmap``; ``--pack-mode`` picks the forward of the packed, sync-free and graph columns
 (default ``auto``: vmap on CUDA, loop on the CPU). On CUDA it captures the sync-free step both ways (pack-wide
 update first). Optimizers come from the composed config (``objective=ppd_sg`` brings
@@ -65,7 +65,7 @@ from lpmetrics.packed.optim import PackedSGD, unsupported
 from lpmetrics.packed.speed import build_runs, graph_ms, interleaved_ms, peak_memory_mb
 
 DEFAULT_N = [1, 8, 24, 48, 96]
-FORWARDS = ["vmap", "loop", "gemm"]   # pack forwards timed side by side (packed.model.MODES)
+FORWARDS = ["vmap", "loop", "gemm", "streams"]   # pack forwards timed side by side (packed.model.MODES)
 # one CPU thread does a ResNet-18 step (32 px, batch 64) in ~0.25 s: N=24 packed + separate with
 # warm-up and 3 reps is already ~1 min per cell and N=96 ~4 min, so the CPU default stops at 8
 CPU_DEFAULT_MAX_N = 8
