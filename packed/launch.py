@@ -66,6 +66,9 @@ Forward mode. ``mode`` (default ``"auto"``: ``vmap`` on CUDA, ``loop`` on the CP
 :class:`packed.model.PackedModels` mode of every pack, e.g. the one a window's selector chose
 (:mod:`packed.select`); a pack that cannot take it (``gemm`` for a non-ResNet) falls back to
 ``auto`` with a warning. ``results.json``'s ``"packed"`` record names it (``mode``).
+``fused_update`` (default ``False``) is :class:`packed.optim.PackedSGD`'s ``fused`` for packs
+that take the pack-wide update (``"auto"``: the one compiled pass where it compiles); the record's
+``update_note`` says which update ran.
 
 Limits: ``resume=true`` is refused (resume a packed run's folder with ``train.py resume=true``:
 its ``last.pt`` holds the run's own RNG state); all runs of a pack stop at the same
@@ -174,12 +177,12 @@ def _describe(keys: list[dict[str, Any]], packs: list[list[int]], differing: lis
 
 def train_packed(jobs: list[Job], max_pack: int | None = None, deadline: float | None = None,
                  sync_free: bool | None = None, cuda_graph: bool = False,
-                 batched_eval: bool = True, mode: str = "auto") -> list[Any]:
+                 batched_eval: bool = True, mode: str = "auto", fused_update: bool | str = False) -> list[Any]:
     """Train ``jobs`` as packs; returns per job its ``results.json`` dict or the exception that
     stopped its preparation (bad config, missing data, an optimizer that cannot be built) or its
     pack's training (every run of that pack gets it), in the jobs' order; the other jobs run (as under Hydra's basic launcher, the multirun then
     exits with the first failed job's error). ``deadline``, ``sync_free`` (``None``: on for
-    packs on CUDA), ``cuda_graph``, ``batched_eval``, ``mode``: see the module docstring."""
+    packs on CUDA), ``cuda_graph``, ``batched_eval``, ``mode``, ``fused_update``: see the module docstring."""
     outcomes: list[Any] = [None] * len(jobs)
     members: dict[int, _Member] = {}
     for i, job in enumerate(jobs):
@@ -220,7 +223,7 @@ def train_packed(jobs: list[Job], max_pack: int | None = None, deadline: float |
         oom = None
         try:
             for i, results in zip(p, _train_pack(pack_members, deadline, sync_free, cuda_graph, batched_eval,
-                                                  mode)):
+                                                  mode, fused_update)):
                 outcomes[order[i]] = results
         except torch.OutOfMemoryError as err:
             if any(m.run.rows for m in pack_members):   # evaluated already: not restartable
@@ -368,7 +371,8 @@ def _evaluate_runs(members: list[_Member], due: list[int], step: int, stepper: P
 
 def _train_pack(members: list[_Member], deadline: float | None = None,
                 sync_free: bool | None = None, cuda_graph: bool = False,
-                batched_eval: bool = True, mode: str = "auto") -> list[dict[str, Any]]:
+                batched_eval: bool = True, mode: str = "auto",
+                fused_update: bool | str = False) -> list[dict[str, Any]]:
     runs = [m.run for m in members]
     n, max_steps, device = len(runs), runs[0].cfg.trainer.max_steps, runs[0].device
     sync_free = device.type == "cuda" if sync_free is None else bool(sync_free)
@@ -396,7 +400,7 @@ def _train_pack(members: list[_Member], deadline: float | None = None,
         m.stream = BatchStream(m.run.bundle.train, m.run.cfg.trainer.batch_size, m.run.cfg.seed)
     stepper = PackedStep(packed, [r.objective for r in runs], [r.optimizer for r in runs],
                          [r.scheduler for r in runs], [r.cfg.trainer.max_grad_norm for r in runs],
-                         sync_free=sync_free, autocast=autocast_dtype(runs[0].cfg))
+                         sync_free=sync_free, autocast=autocast_dtype(runs[0].cfg), fused_update=fused_update)
     log.info(f"pack of {n}: optimizer update: {stepper.update_note}"
              + (f"; {sum(swapped)} objective(s) in their capture-safe form" if any(swapped) else ""))
     runner = step_runner(stepper, cuda_graph, device, n)
@@ -449,6 +453,7 @@ def _train_pack(members: list[_Member], deadline: float | None = None,
                 div = stepper.divergences.get(i)
                 packed_record = {"size": n, "index": i, "sync_free": sync_free,
                                  "pack_update": stepper.update is not None,
+                                 "update_note": stepper.update_note,
                                  "mode": packed.mode,
                                  "capture_safe_objective": swapped[i],
                                  "evaluation": {"note": evaluator.note, "batched_predicts": evaluator.served,

@@ -110,6 +110,11 @@ class PackedStep:
     #: is a sliver of a convolution-bound step, and the per-run ``torch.optim.SGD`` keeps the
     #: ``loop`` mode bitwise equal to separate runs (``tests/test_packed.py``)
     pack_update: bool | None = None
+    #: the pack-wide update's form (:class:`packed.optim.PackedSGD`'s ``fused``): ``False`` (the
+    #: eager kernels, default until a GPU has measured the one pass), ``True`` (one compiled pass
+    #: per stacked tensor, raising where it cannot compile) or ``"auto"`` (the one pass where it
+    #: compiles); ignored when there is no pack-wide update
+    fused_update: bool | str = False
     #: sync-free mode: runs whose objectives return one ``pack_key()`` (e.g. the dense,
     #: capture-safe pairwise LPs: :meth:`objectives.pairwise.PairwiseRampLP.pack_key`) get their
     #: losses from one ``pack_forward`` call, one batched LP instead of one LP per run; equal
@@ -142,8 +147,9 @@ class PackedStep:
         want = self.pack_update if self.pack_update is not None else on_cuda
         #: the pack-wide update in use, or ``None`` (each run's optimizer steps); ``update_note``
         #: says which and, where it fell back, why (the launcher logs it)
-        self.update = PackedSGD(self.packed, self.optimizers) if want and not why else None
-        self.update_note = "pack-wide SGD" if self.update else f"per-run optimizers ({why or 'CPU default'})"
+        self.update = PackedSGD(self.packed, self.optimizers, fused=self.fused_update) if want and not why else None
+        self.update_note = (f"pack-wide SGD ({self.update.fused_note})" if self.update
+                            else f"per-run optimizers ({why or 'CPU default'})")
 
     @property
     def diverged(self) -> list[bool]:

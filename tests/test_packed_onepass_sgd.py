@@ -237,3 +237,26 @@ def test_one_pass_captured_in_a_cuda_graph_equals_the_eager_update():
     diffs = {k: worst(onepass[0].params[k].detach(), p.detach()) for k, p in eager[0].params.items()}
     print("one pass vs eager on CUDA, max relative difference:", max(diffs.values()))   # run with -s
     assert max(diffs.values()) <= 1e-6
+
+
+def stepper(fused_update):
+    torch.manual_seed(0)
+    packed = pack([MLP(2, SHAPE, hidden=[8]) for _ in range(N)])
+    opts = [torch.optim.SGD(m.parameters(), **sgd_kwargs(i)) for i, m in enumerate(packed.models)]
+    return PackedStep(packed, [CrossEntropy() for _ in range(N)], opts, [None] * N,
+                      pack_update=True, fused_update=fused_update)
+
+
+def test_the_pack_step_takes_the_one_pass_update_and_trains_as_the_eager_one(float64_default):
+    """``PackedStep(fused_update=...)`` (the launcher's and ``campaign run --fused-update``'s
+    switch) hands it to its :class:`PackedSGD`: whole steps (forward, losses, backward, update)
+    with the one pass stay within float64 rounding of the eager update's."""
+    eager, onepass = stepper(False), stepper(True)
+    assert eager.update.fused is False and onepass.update.fused is True
+    assert "one pass" in onepass.update_note and "kernels" in eager.update_note
+    for t, (x, y) in enumerate(data(N, 4)):
+        eager.step(x.double(), y, t)
+        onepass.step(x.double(), y, t)
+    for k, p in eager.packed.params.items():
+        assert worst(onepass.packed.params[k].detach(), p.detach()) <= TOL, k
+    assert onepass.update.fused_note == "one pass"

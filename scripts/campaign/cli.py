@@ -42,6 +42,9 @@ from scripts.tables.queue_cells import LEDGER_FILE, QUEUE_FILE, RUNS_DIR
 EVAL_EVERY = 2000   # 20 evaluations per 40k run: best-val selection, at ~1/15 of the step time on an H100
 
 
+#: ``run --fused-update`` -> :class:`packed.optim.PackedSGD`'s ``fused``
+FUSED_UPDATE = {"off": False, "auto": "auto", "on": True}
+
 def pending(queue: dict, ledger: dict, folder: Path) -> list[dict]:
     """The wanted queue entries not done (nor diverged), in the order commands take them
     (:func:`queue_order.ordered_pending`: stages, the lr rules)."""
@@ -266,7 +269,8 @@ def run(args) -> int:
     reserve_s = 1.5 * len(jobs) * eval_ms / 1000 + 10   # every run's last evaluation, and the export
     outcomes = campaign_submit.train_and_export(jobs, run_dirs, out, queue["version"], run_id,
                                                 deadline=start + args.budget_s - reserve_s, max_pack=args.max_pack,
-                                                cuda_graph=args.cuda_graph, mode=args.pack_mode)
+                                                cuda_graph=args.cuda_graph, mode=args.pack_mode,
+                                                fused_update=FUSED_UPDATE[args.fused_update])
     plan["outcome"] = {j.name: campaign_fold.outcome_text(o, e["steps"]) for j, o, e in zip(jobs, outcomes, kept)}
     (out / "plan.json").write_text(json.dumps(plan, indent=1))
     failed = [j.name for j, o in zip(jobs, outcomes) if isinstance(o, Exception)]
@@ -312,6 +316,10 @@ def main(argv: list[str] | None = None) -> int:
                            help="choose the packs' forward mode first (packed/select.py: each mode gated "
                                 "against lone runs, then timed; the probe times the chosen one); default: "
                                 "on for CUDA, off on the CPU")
+            r.add_argument("--fused-update", choices=sorted(FUSED_UPDATE), default="off",
+                           help="the pack-wide SGD update as one compiled pass per stacked tensor "
+                                "(packed/optim.py; auto: where it compiles, else the eager kernels); "
+                                "default off until a GPU has measured it")
             r.add_argument("--select-budget-s", type=float, default=None,
                            help="wall seconds for that choice (default packed.select.BUDGET_S, 60)")
     campaign_fold.add_parsers(sub)

@@ -98,12 +98,13 @@ def jobs_of(entries: list[dict], extra: list[str], work: Path) -> tuple[list, di
 
 def train_and_export(jobs: list, run_dirs: dict, out: Path, queue_version: str, run_id: str,
                      deadline: float | None = None, max_pack: int | None = None, cuda_graph: bool = False,
-                     mode: str = "auto", kind: str = "gpu") -> list:
+                     mode: str = "auto", kind: str = "gpu", fused_update: bool | str = False) -> list:
     """Train the launcher's ``jobs`` as packs (:func:`packed.launch.train_packed`) and write their
     records to ``out/runs.jsonl.gz``, tagged with the queue version: what ``fold`` reads. Returns
     each job's outcome (its final step, or its exception)."""
     from lpmetrics.packed.launch import train_packed
-    outcomes = train_packed(jobs, max_pack=max_pack, deadline=deadline, cuda_graph=cuda_graph, mode=mode)
+    outcomes = train_packed(jobs, max_pack=max_pack, deadline=deadline, cuda_graph=cuda_graph, mode=mode,
+                            fused_update=fused_update)
     gpu_tables.export(run_dirs, out, extra={"queue_version": queue_version, "run_id": run_id, "kind": kind})
     return outcomes
 
