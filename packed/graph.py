@@ -29,14 +29,14 @@ something on the host (PPD-SG / PPD-AdaGrad: a stage end, with its averaging, lr
 as ``torch.cuda.graph`` requires; they are real training steps.
 
 Status: the capture of this very step (``ce`` + SGD, 3 replays equal to 3 eager steps, max
-parameter difference 0.0) was checked on an H100 (``scripts/check_packed_device.py``); the
+parameter difference 0.0) was checked on an H100 (``scripts/packed/check_packed_device.py``); the
 recapture logic is tested on the CPU with stand-ins for the graph (``tests/test_packed_graph.py``;
 ``tests/test_packed_capture.py`` with one that undoes a replay's Python side effects, as a real
 replay never has them). On an H100 (2026-11-27, :mod:`packed.check_graph`) the pack-wide update,
 PPD and the dense ``auc_lp`` replayed from a graph equalled their eager steps exactly, and the
 campaign trained two runs to 40k steps this way (``results/paper_tables/``). The launcher still
 uses it only when asked (``train_packed(cuda_graph=True)``, ``hydra.launcher.cuda_graph=true``;
-``scripts/gpu_window.sh`` asks where that check passes on the machine at hand).
+``scripts/campaign/gpu_window.sh`` asks where that check passes on the machine at hand).
 """
 from __future__ import annotations
 

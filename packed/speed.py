@@ -5,7 +5,7 @@
 
 A sanity number for the docstring of :mod:`packed.model` (CE + SGD, float32); the full
 benchmark (N sweep, image sizes, objectives, bf16, CUDA graphs, memory, TFLOP/s) is
-``scripts/bench_packed.py``, which builds its runs with :func:`build_runs`. Prints median
+``scripts/packed/bench_packed.py``, which builds its runs with :func:`build_runs`. Prints median
 milliseconds per step (all N runs), the two modes timed alternately so load drifts hit both.
 """
 from __future__ import annotations

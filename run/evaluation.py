@@ -18,7 +18,7 @@ PRIMARY_METRIC = {"binary": "auc", "multiclass": "auc_mu"}
 
 #: key prefix of the test metrics in the BatchNorm mode other than ``trainer.eval_bn``
 #: (``test_bntrain_auc`` beside ``test_auc``): the names ``eval.py --bn-mode train`` and
-#: ``scripts/summarize_runs.py`` give the authors' evaluation
+#: ``scripts/tables/summarize_runs.py`` give the authors' evaluation
 OTHER_BN_PREFIX = {"train": "bntrain_", "eval": "bneval_"}
 
 

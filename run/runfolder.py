@@ -84,7 +84,7 @@ class ResumeConfigError(ValueError):
 # ---- checkpoints ---------------------------------------------------------------------------------
 
 #: the opt-in :func:`torch_load`'s refusal names by default (``train.py``'s; ``eval.py`` and
-#: ``scripts/nmf_heatmaps.py`` name their ``--trust-checkpoint`` flag)
+#: ``scripts/solver/nmf_heatmaps.py`` name their ``--trust-checkpoint`` flag)
 TRAIN_OPT_IN = "trainer.trust_checkpoint=true"
 #: exact types a ``weights_only`` load rebuilds (a subclass, an enum or a numpy scalar is a
 #: global the loader refuses); dict, list, tuple and set are walked into

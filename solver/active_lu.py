@@ -7,7 +7,7 @@ At a nondegenerate vertex the active set ``T`` (active rows of ``A z <= b``, eve
 ``M`` (SuperLU, ``scipy.sparse.linalg.splu``) gives every solve the recovery and the
 active-set backward need, as a transpose solve followed by a plain one.  ``M`` has the nonzeros
 of the active rows only, whereas ``K_T`` is dense as soon as one active row is (a budget row
-``1^T z <= s`` fills all of ``A^T W A``): on the ``ones`` LP of ``scripts/time_sparse_lp.py``
+``1^T z <= s`` fills all of ``A^T W A``): on the ``ones`` LP of ``scripts/solver/time_sparse_lp.py``
 (n = 500) the normal equations were a dense ``500 x 500`` eigen/Cholesky factorisation, the LU of
 ``M`` has a few thousand nonzeros.  It is also better conditioned (``cond(M)`` instead of
 ``cond(M)^2``).

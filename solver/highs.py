@@ -131,7 +131,7 @@ def _highs_direct(c, A, b, E, b_eq, time_limit):
     options ``linprog(method="highs")`` sets (presolve on, dual simplex, no output) but not its
     wrapper: linprog re-validates and converts the inputs, builds a CSC copy and reads the
     bound multipliers in a Python loop over the columns -- ~4 ms of the ~9 ms it took on the
-    n = 500 LPs of ``scripts/time_sparse_lp.py``.  The rows go to HiGHS as CSR
+    n = 500 LPs of ``scripts/solver/time_sparse_lp.py``.  The rows go to HiGHS as CSR
     (its row-wise format).  ``lower.marginals`` are the columns' reduced costs (linprog's keep
     them only at the nonbasic columns; at the basic ones they are zero up to roundoff, and
     :func:`solver.recover.recover_vertex` tries its least-norm multipliers first anyway)."""

@@ -6,7 +6,7 @@ turned into a COO :class:`solver.operators.SparseOperator`), picks the linear so
 row counts (:func:`solver.linsolve.choose_method`), copies ``A`` back to a scipy CSR matrix for
 HiGHS (:func:`solver.scipy_ops.host_matrix`), certifies HiGHS's vertex on the host
 (:func:`solver.square_active.recover`), and assembles the solution and its statistics from torch
-tensors.  On the LPs of ``scripts/time_sparse_lp.py`` (``n = 500``, HiGHS ~5 ms) that glue was
+tensors.  On the LPs of ``scripts/solver/time_sparse_lp.py`` (``n = 500``, HiGHS ~5 ms) that glue was
 ~1.5 ms of what ``forward="highs"`` added to HiGHS's own time.  :func:`solve`
 takes the same steps on the host arrays: the CSR arrays of the torch tensor go to HiGHS and
 to the certificate as they are (:func:`solver.highs.solve_host`,

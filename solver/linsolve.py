@@ -22,7 +22,7 @@ wheel (no new dependency, nothing to compile), and in symmetric mode (minimum-de
 QDLDL only arrives as a cvxpy dependency, not one we pin.  Preconditioned CG was the other
 option: with the Jacobi preconditioner it took 390 CG iterations per Newton step on average
 (77,640 over 200 steps; 20 s against 0.4 s factorised) on the random sparse LP of
-``scripts/bench_solver_measure.py`` (``n = 500``, density 5e-3): ``delta`` is 1e-10 relative, so
+``scripts/solver/bench_solver_measure.py`` (``n = 500``, density 5e-3): ``delta`` is 1e-10 relative, so
 ``K`` is as ill-conditioned as ``A^T W A``, and a diagonal preconditioner does not fix that.
 
 The minimum-norm solves of the recovery and the active-set backward (``pinv=True``) of a CPU

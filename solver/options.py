@@ -33,7 +33,7 @@ class SolverOptions:
     # eps^2 g(z / eps) with b / eps in place of b, so at a large eps the rows pass near
     # z = 0 and the first Newton steps see many of them; at eps = 0.1 the start z = 0 lies
     # deep inside the rows, the generalized Hessian is ~delta I and the exact line search
-    # activates a few rows per step.  Random sparse LP (n = 500, scripts/time_sparse_lp.py):
+    # activates a few rows per step.  Random sparse LP (n = 500, scripts/solver/time_sparse_lp.py):
     # 168 Newton steps (100 at the first eps) -> 94 (warm-up 1), 79 (10), 73 (1e3), same
     # vertex; test_solver_oracle's 120 random LPs: 3835 steps -> 3835, 4116, 4583 (a small
     # LP pays for the extra stages), so 1

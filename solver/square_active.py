@@ -140,7 +140,7 @@ def sparse_factor(A_i, E_i, rows, bnds):
     (``k x k``, ``k = n - |Z|``) is factorised: :math:`M z = r` is :math:`z_Z = -r_Z`,
     :math:`z_F = R^{-1}(r_S - S z_Z)`, and :math:`M^\top \lambda = r` is
     :math:`\lambda_S = R^{-\top} r_F`, :math:`\lambda_Z = (S^\top \lambda_S)_Z - r_Z`.
-    On the n = 500 LP of ``scripts/time_sparse_lp.py`` (307 active bounds) ``R`` has 487 nonzeros
+    On the n = 500 LP of ``scripts/solver/time_sparse_lp.py`` (307 active bounds) ``R`` has 487 nonzeros
     against ``M``'s 1,274 and its LU is several times faster.  The pivot rule is
     :mod:`solver.active_lu`'s, applied to ``R``."""
     n = A_i.shape[1]
