@@ -71,7 +71,7 @@ def load_source(cfg: Mapping) -> SourceData:
     source = dict(cfg.get("source") or {})
     if "_target_" not in source:
         raise ValueError(f"dataset '{cfg.get('name')}' has no source._target_ (e.g. "
-                         "source: {_target_: data.images.cifar10}); see configs/dataset/*.yaml")
+                         "source: {_target_: lpmetrics.data.images.cifar10}); see configs/dataset/*.yaml")
     # Resolve _target_ with Hydra but call it ourselves: hydra.utils.call would wrap our typed
     # DatasetNotFoundError / SplitError in an InstantiationException.
     fn = get_method(source.pop("_target_"))

@@ -236,12 +236,11 @@ class PackedModels:
         backward kernel on its forward's stream, so the backward overlaps the same way. The same
         fork and join is what CUDA graph capture needs of side streams."""
         params = {k: v.unbind(0) for k, v in self.params.items()}
-        rows = [x[i].contiguous(memory_format=torch.channels_last) if x.dim() == 5 else x[i]
-                for i in range(self.n)]
 
-        def one(i):
+        def one(i):   # the layout copy is made on the stream that reads it (and saves it for backward)
+            row = x[i].contiguous(memory_format=torch.channels_last) if x.dim() == 5 else x[i]
             return self._one({k: r[i] for k, r in params.items()},
-                             {k: v[i] for k, v in self.buffers.items()}, rows[i])
+                             {k: v[i] for k, v in self.buffers.items()}, row)
         if x.device.type != "cuda":
             return torch.stack([one(i) for i in range(self.n)])
         current = torch.cuda.current_stream(x.device)

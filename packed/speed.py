@@ -91,14 +91,15 @@ def build_runs(make, shape, batch: int, n: int, device: torch.device = torch.dev
                autocast: torch.dtype | None = None, num_classes: int = 2,
                make_optimizer: Callable[[list], torch.optim.Optimizer] | None = None,
                sync_free: bool = False, pack_form: Callable | None = None,
-               pack_update: bool | None = None) -> Runs:
+               pack_update: bool | None = None, mode: str = "auto") -> Runs:
     """Build ``n`` runs of ``make()`` (``make_objective()`` and ``make_optimizer(param_groups)``
     each; default SGD with ``optimizer=sgd``'s values) on ``[batch, *shape]`` inputs;
     ``autocast`` (e.g. ``torch.bfloat16``) wraps both steps in ``torch.autocast``;
     ``sync_free``: the packed step's sync-free mode (:class:`PackedStep`), labels checked once;
     ``pack_form(objective)``: the form the packed runs train (e.g. :func:`packed.graph.capture_form`,
     as the launcher does; the separate runs keep the configured one); ``pack_update``: as
-    :attr:`PackedStep.pack_update`."""
+    :attr:`PackedStep.pack_update`; ``mode``: the pack's forward (:data:`packed.model.MODES`),
+    set before the step is built, since ``streams`` also decides the update."""
     make_optimizer = make_optimizer or (lambda groups: torch.optim.SGD(groups, **SGD))
     torch.manual_seed(0)
     models = [make().to(device) for _ in range(n)]
@@ -106,7 +107,7 @@ def build_runs(make, shape, batch: int, n: int, device: torch.device = torch.dev
     own = [make_objective().to(device) for _ in range(n)]      # separate runs' objectives
     shared = [(pack_form or (lambda o: o))(make_objective().to(device)) for _ in range(n)]   # packed runs' objectives
     opts = [make_optimizer(param_groups(m, o)) for m, o in zip(alone, own)]
-    packed = pack(models)
+    packed = pack(models, mode)
     stepper = PackedStep(packed, shared,
                          [make_optimizer(param_groups(m, o)) for m, o in zip(packed.models, shared)],
                          [None] * n, sync_free=sync_free, pack_update=pack_update)

@@ -145,11 +145,18 @@ class PackedStep:
         if self.pack_update and why:
             raise ValueError(f"pack_update=True but {why}: leave pack_update=None to fall back")
         want = self.pack_update if self.pack_update is not None else on_cuda
-        #: the pack-wide update in use, or ``None`` (each run's optimizer steps); ``update_note``
-        #: says which and, where it fell back, why (the launcher logs it)
+        #: the pack-wide update in use, or ``None`` (each run's optimizer steps); :attr:`update_note`
+        #: says which and, where it fell back, why (the launcher logs it and records it)
         self.update = PackedSGD(self.packed, self.optimizers, fused=self.fused_update) if want and not why else None
-        self.update_note = (f"pack-wide SGD ({self.update.fused_note})" if self.update
-                            else f"per-run optimizers ({why or 'CPU default'})")
+        self._no_update_why = why or "CPU default"
+
+    @property
+    def update_note(self) -> str:
+        """Which update runs, read when asked: a one-pass update that fails to compile at its first
+        step falls back to the eager kernels and says so from then on (:attr:`PackedSGD.fused_note`)."""
+        if self.update is not None:
+            return f"pack-wide SGD ({self.update.fused_note})"
+        return f"per-run optimizers ({self._no_update_why})"
 
     @property
     def diverged(self) -> list[bool]:

@@ -260,3 +260,4 @@ def test_the_pack_step_takes_the_one_pass_update_and_trains_as_the_eager_one(flo
     for k, p in eager.packed.params.items():
         assert worst(onepass.packed.params[k].detach(), p.detach()) <= TOL, k
     assert onepass.update.fused_note == "one pass"
+    assert onepass.update_note == "pack-wide SGD (one pass)"   # read when asked, not at construction

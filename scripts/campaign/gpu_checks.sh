@@ -25,7 +25,7 @@ run() {  # name, train.py overrides... (Cat&Dog, STEPS steps, eval every 500)
 }
 
 decode() {  # decode the pack once, so the parallel runs share its cache
-    $PY -c "from omegaconf import OmegaConf; from data import build_data; import os; \
+    $PY -c "from omegaconf import OmegaConf; from lpmetrics.data import build_data; import os; \
 c = OmegaConf.load('configs/dataset/catdog.yaml'); c.root = os.environ['DATA_ROOT']; \
 build_data(c, seed=0); print('decoded')" > "$OUT/decode.log" 2>&1 || true
 }

@@ -86,8 +86,7 @@ def measure(cfg, overrides: list[str], device, pack_n: int, reps: int,
                           num_classes=bundle.num_classes,
                           make_optimizer=lambda groups: instantiate(job.optimizer, _partial_=True)(params=groups),
                           sync_free=device.type == "cuda",   # as train_packed steps there
-                          pack_form=lambda o: capture_form(o, device))
-        runs.stepper.packed.mode = mode   # settable after packing (gemm plans on its first call)
+                          pack_form=lambda o: capture_form(o, device), mode=mode)
         runner = step_runner(runs.stepper, cuda_graph, device, pack_n)
         out[f"step_ms_per_run_{name}"] = runner_ms(runs, runner, reps, device) / pack_n
         out[f"graph_{name}"] = isinstance(runner, GraphedStep)

@@ -135,6 +135,9 @@ def time_forwards(st, step, spec: dict, device: torch.device) -> dict:
     for m in spec["forwards"]:
         if m == here:
             continue
+        if m == "streams" and st.update is not None:   # streams steps each run's own optimizer: not this pack's
+            notes.append("streams: n/a here (it takes per-run updates; --pack-mode streams times it)")
+            continue
         try:
             with_mode(m)()   # warm-up, and the refusal (PackError) of a mode the model lacks
             fns[m] = with_mode(m)
@@ -153,9 +156,8 @@ def run_cell(spec: dict, emit=None) -> dict:
     runs = build_runs(make_model, shape, spec["batch"], spec["n"], device, make_objective,
                       autocast=torch.bfloat16 if spec["dtype"] == "bf16" else None,
                       make_optimizer=make_optimizer, pack_form=lambda o: capture_form(o, device),
-                      pack_update=False)
+                      pack_update=False, mode=spec["pack_mode"])
     st = runs.stepper
-    st.packed.mode = spec["pack_mode"]
     probe = make_objective()
     form = "as configured" if capture_form(probe, device) is probe else "capture-safe"
     pack_sgd = None if unsupported(st.packed, st.optimizers) else PackedSGD(st.packed, st.optimizers)

@@ -36,6 +36,7 @@ from torch import nn
 
 from lpmetrics.run import runfolder
 from lpmetrics.run.builders import instantiate_runtime
+from lpmetrics.run.targets import upgrade_targets
 from lpmetrics.models.resnet import resnet18
 from lpmetrics.objectives.nmf import NMFLayer
 
@@ -75,7 +76,7 @@ def load_network(weights: str | None, size: int = 32, trust: bool = False) -> nn
     runtime = {"num_classes": num_classes, "input_shape": [channels, size, size]}
     model_cfg = ckpt.get("config", {}).get("model") if isinstance(ckpt, dict) else None
     if model_cfg:   # a train.py checkpoint: the same _target_ and stem as the run
-        net = instantiate_runtime(OmegaConf.create(model_cfg), **runtime)
+        net = instantiate_runtime(upgrade_targets(OmegaConf.create(model_cfg)), **runtime)   # old names too
     else:           # a bare state dict: the stem shows in conv1's kernel (3 = CIFAR stem, 7 = ImageNet)
         net = resnet18(**runtime, cifar_stem=kernel == 3)
     net.load_state_dict(state)

@@ -27,7 +27,7 @@ import torch
 
 
 PAPER_COSINE = 0.9991
-OBJECTIVES = {"f1_lp": "objectives.ratio.F1LPLoss", "auc_lp": "objectives.auc.AUCLoss"}
+OBJECTIVES = {"f1_lp": "lpmetrics.objectives.ratio.F1LPLoss", "auc_lp": "lpmetrics.objectives.auc.AUCLoss"}
 
 
 def make_loss(name: str, backward: str):

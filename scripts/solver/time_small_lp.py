@@ -40,8 +40,15 @@ CONFIGS = {"paper": {}, "recipe": {"phi": "softmax_st", "margin": 0.5}}
 
 def load_ratio(root: Path):
     """``objectives.ratio`` of the checkout at ``root`` (:func:`side` starts this process with
-    ``root`` first on ``PYTHONPATH``)."""
-    return importlib.import_module("lpmetrics.objectives.ratio")
+    ``root`` first on ``PYTHONPATH``, so ``root``'s own code is found before an installed one):
+    ``lpmetrics.objectives.ratio`` where ``root`` has the package, the top-level
+    ``objectives.ratio`` of a checkout from before it; refuses a module from anywhere else."""
+    name = "lpmetrics.objectives.ratio" if (Path(root) / "lpmetrics").is_dir() else "objectives.ratio"
+    mod = importlib.import_module(name)
+    if not Path(mod.__file__).resolve().is_relative_to(Path(root).resolve()):
+        raise RuntimeError(f"{name} came from {mod.__file__}, not from the checkout {root}: "
+                           "start this side with that checkout first on PYTHONPATH")
+    return mod
 
 
 def side(root: Path, args) -> dict:

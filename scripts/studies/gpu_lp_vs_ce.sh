@@ -26,7 +26,7 @@ cat "$OUT/machine.txt"
 
 cd "$SRC"
 # decode the pack once so that the parallel runs share its cache
-$PY -c "from omegaconf import OmegaConf; from data import build_data; import os; \
+$PY -c "from omegaconf import OmegaConf; from lpmetrics.data import build_data; import os; \
 c = OmegaConf.load('configs/dataset/cifar10.yaml'); c.pop('defaults', None); c.root = os.environ['DATA_ROOT']; \
 build_data(c, seed=0); print('decoded')" || echo "decode failed (each run decodes itself)"
 

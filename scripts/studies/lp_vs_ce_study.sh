@@ -19,7 +19,7 @@ while IFS='|' read -r name ov; do
   [ -f "$dir/results.json" ] && continue
   [ -f "$dir/last.pt" ] && ov="$ov resume=true"
   todo+=("$name $ov")
-done < "${RUNS:-scripts/lp_vs_ce_runs.txt}"
+done < "${RUNS:-scripts/studies/lp_vs_ce_runs.txt}"
 echo "${#todo[@]} run(s) to do"
 [ "${#todo[@]}" -eq 0 ] && exit 0
 if [ -n "${DRY:-}" ]; then printf '  %s\n' "${todo[@]}"; exit 0; fi
