@@ -125,6 +125,8 @@ def code_version(folder: Path = CODE_DIR) -> tuple[str, bool | None]:
     fingerprint: as it says); ``("unknown", None)`` when nothing answers. (Files added after the
     stamp are not seen where the stamp answers.) The files are hashed only where git alone
     cannot name the code."""
+    if Path(folder) == CODE_DIR and not (CODE_DIR / "pyproject.toml").is_file():
+        return UNKNOWN, None   # an installed wheel, not a checkout: git would name whatever repository holds the venv
     saved = _read_stamp(Path(folder))
     commit, dirty = _git_version(folder)
     if saved is None or saved["git_commit"] == UNKNOWN or (commit != UNKNOWN and _git_has(folder, saved["git_commit"])):

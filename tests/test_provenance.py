@@ -179,3 +179,15 @@ def test_a_file_name_that_is_not_utf8_can_be_stamped(tmp_path):
     subprocess.run(git + ["commit", "-qm", "odd"], check=True)
     saved = provenance.stamp(repo)
     assert saved["files"] == 2 and saved["git_dirty"] is False   # a.py and the odd name
+
+
+def test_an_installed_copy_outside_a_checkout_names_no_commit(tmp_path, monkeypatch):
+    """A wheel's ``site-packages/lpmetrics`` may sit inside someone's git project (a venv in it):
+    without the checkout's ``pyproject.toml`` beside the code, git is not asked."""
+    from lpmetrics.run import provenance as prov
+    import subprocess
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    inner = tmp_path / "venv" / "site-packages"
+    inner.mkdir(parents=True)
+    monkeypatch.setattr(prov, "CODE_DIR", inner)
+    assert prov.code_version(inner) == (prov.UNKNOWN, None)
