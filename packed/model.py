@@ -213,9 +213,12 @@ class PackedModels:
         gradients once), not from ``v[i]``: each of those would scatter its gradient into a
         zero tensor of the whole stack, N times the parameter memory per model."""
         params = {k: v.unbind(0) for k, v in self.params.items()}
-        return torch.stack([self._one({k: rows[i] for k, rows in params.items()},
-                                      {k: v[i] for k, v in self.buffers.items()}, x[i])
-                            for i in range(self.n)])
+        return torch.stack([self._model(params, i, x[i]) for i in range(self.n)])
+
+    def _model(self, params: dict, i: int, x: torch.Tensor) -> torch.Tensor:
+        """Model ``i`` on its rows: ``params`` the storage's ``unbind(0)``s, the buffers' rows."""
+        return self._one({k: rows[i] for k, rows in params.items()},
+                         {k: v[i] for k, v in self.buffers.items()}, x)
 
     def _stream_pool(self, device: torch.device) -> list:
         """One side stream per model on ``device``, made once (a CUDA graph replays on them)."""
@@ -239,17 +242,16 @@ class PackedModels:
 
         def one(i):   # the layout copy is made on the stream that reads it (and saves it for backward)
             row = x[i].contiguous(memory_format=torch.channels_last) if x.dim() == 5 else x[i]
-            return self._one({k: r[i] for k, r in params.items()},
-                             {k: v[i] for k, v in self.buffers.items()}, row)
+            return self._model(params, i, row)
         if x.device.type != "cuda":
             return torch.stack([one(i) for i in range(self.n)])
-        current = torch.cuda.current_stream(x.device)
+        current, sides = torch.cuda.current_stream(x.device), self._stream_pool(x.device)
         outs = []
-        for i, side in enumerate(self._stream_pool(x.device)):
+        for i, side in enumerate(sides):
             side.wait_stream(current)
             with torch.cuda.stream(side):
                 outs.append(one(i))
-        for side, out in zip(self._streams_of[1], outs):
+        for side, out in zip(sides, outs):
             current.wait_stream(side)
             out.record_stream(current)   # made on ``side``, read and freed on ``current``
         return torch.stack(outs)

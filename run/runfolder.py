@@ -41,7 +41,7 @@ from typing import Any, Mapping
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from lpmetrics.run.targets import is_target_key, short_target
+from lpmetrics.run.targets import short_targets
 from lpmetrics.atomic import atomic_torch_save, atomic_write_json, atomic_write_text
 
 LAST, PREVIOUS, BEST = "last.pt", "last.prev.pt", "best.pt"
@@ -271,8 +271,7 @@ def config_differences(old: Mapping, new: Mapping,
                        allowed: tuple[str, ...] = ALLOWED_ON_RESUME) -> dict[str, list]:
     """``{key: [checkpoint value, new value]}`` for every leaf that differs outside ``allowed``
     (``_target_`` names compared in their short form: :mod:`lpmetrics.run.targets`)."""
-    a, b = (ADDED_DEFAULTS | {k: short_target(v) if is_target_key(k) else v for k, v in _flatten(t).items()}
-            for t in (old, new))
+    a, b = (ADDED_DEFAULTS | short_targets(_flatten(t)) for t in (old, new))
     return {k: [a.get(k, _ABSENT), b.get(k, _ABSENT)] for k in sorted(set(a) | set(b))
             if a.get(k, _ABSENT) != b.get(k, _ABSENT) and not _allowed(k, allowed)}
 

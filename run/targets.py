@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf, read_write
 
 PACKAGE = "lpmetrics"
 
@@ -63,11 +63,17 @@ def is_target_key(key: str) -> bool:
     return key == "_target_" or key.endswith("._target_")
 
 
+def short_targets(flat: dict[str, Any]) -> dict[str, Any]:
+    """A flattened config (dotted keys) with every ``_target_`` value in the short form: what a
+    protocol, a hash or a resume check compares."""
+    return {k: short_target(v) if is_target_key(k) else v for k, v in flat.items()}
+
+
 def upgrade_targets(cfg: Any) -> Any:
     """Rewrite every ``_target_`` of a config tree (dict, list, ``DictConfig``) to the package form,
     in place where the tree is mutable (``DictConfig`` stays struct- and readonly-aware); returns it."""
     if isinstance(cfg, (DictConfig, ListConfig)):
-        with _writable(cfg):
+        with read_write(cfg):
             _upgrade(cfg)
         return cfg
     _upgrade(cfg)
@@ -88,17 +94,3 @@ def _upgrade(node: Any) -> None:
     elif isinstance(node, (list, ListConfig)):
         for item in node:
             _upgrade(item)
-
-
-class _writable:
-    """Lift a ``DictConfig``'s readonly flag for the rewrite, then put it back."""
-
-    def __init__(self, cfg):
-        self.cfg = cfg
-
-    def __enter__(self):
-        self.readonly = OmegaConf.is_readonly(self.cfg)
-        OmegaConf.set_readonly(self.cfg, False)
-
-    def __exit__(self, *exc):
-        OmegaConf.set_readonly(self.cfg, self.readonly)

@@ -116,14 +116,9 @@ def test_package_and_short_forms(old, new):
 
 
 def test_an_old_runs_config_upgrades_and_keeps_its_protocol_and_resume_identity(compose_cfg):
+    from tests.test_legacy_run_folder import shorten   # every _target_ in the pre-package form
     new = OmegaConf.to_container(compose_cfg(["objective=auc_lp", "dataset=digits"]), resolve=True)
-
-    def legacy(node):
-        if isinstance(node, dict):
-            return {k: short_target(v) if k == "_target_" else legacy(v) for k, v in node.items()}
-        return [legacy(v) for v in node] if isinstance(node, list) else node
-
-    old = legacy(new)
+    old = shorten(new)
     assert old["objective"]["_target_"] == "objectives.auc.AUCLoss"
     assert protocol(old) == protocol(new)
     assert config_differences(old, new) == {}

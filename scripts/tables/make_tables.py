@@ -71,7 +71,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lpmetrics.run.runfolder import ADDED_DEFAULTS  # keys added later, with their old behaviour
-from lpmetrics.run.targets import is_target_key, short_target
+from lpmetrics.run.targets import short_targets
 from scripts.tables import queue_order
 from scripts.tables.paper_numbers import PAPER
 from scripts.tables.queue_cells import LEDGER_FILE, done_keys, expected_cells, find_queue, queued_labels, read_json, row_name
@@ -179,7 +179,7 @@ def ignored(key: str) -> bool:
 def protocol(config: dict) -> dict:
     """A run's flattened config minus the keys that never define a protocol (IGNORED), with the
     keys added later at their old behaviour: two runs of one protocol (any seed aside) agree on it."""
-    flat = ADDED_DEFAULTS | {k: short_target(v) if is_target_key(k) else v for k, v in flatten(config).items()}
+    flat = ADDED_DEFAULTS | short_targets(flatten(config))
     return {k: v for k, v in flat.items() if not ignored(k)}
 
 
