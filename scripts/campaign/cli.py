@@ -6,6 +6,7 @@
     OUT=<folder> bash scripts/campaign/gpu_campaign.sh           # on the lent GPU: python -m scripts.campaign run --out $OUT
     python -m scripts.campaign fold <returned OUT folder or runs.jsonl.gz>...
     python -m scripts.campaign fold-cpu <finished train.py run folder>...
+    python -m scripts.campaign cpu start|status|fold|stop    # the CPU lane (scripts/campaign/lane.py)
 
 A window is one command of at most 10 minutes and nothing large comes back, so every run starts
 and finishes inside one command. ``run``: takes the pending queue entries of one dataset (the
@@ -31,6 +32,7 @@ from pathlib import Path
 
 from scripts.campaign import fold as campaign_fold
 from scripts.campaign import gpu_tables   # the probe, the margin, export
+from scripts.campaign import lane as campaign_lane
 from scripts.campaign import queue as campaign_queue
 from scripts.campaign import status as campaign_status
 from scripts.campaign import submit as campaign_submit
@@ -324,6 +326,7 @@ def main(argv: list[str] | None = None) -> int:
                            help="wall seconds for that choice (default packed.select.BUDGET_S, 60)")
     campaign_fold.add_parsers(sub)
     campaign_submit.add_parser(sub)
+    campaign_lane.add_parser(sub)
     args = ap.parse_args(argv)
     if args.cmd == "queue":
         return make_queue(Path(args.dir), args.check)
@@ -334,6 +337,8 @@ def main(argv: list[str] | None = None) -> int:
         return run(args)
     if args.cmd == "submit":
         return campaign_submit.submit(args, Path(args.dir))
+    if args.cmd == "cpu":
+        return campaign_lane.main(args)
     return campaign_fold.main(args)
 
 

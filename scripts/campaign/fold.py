@@ -175,12 +175,20 @@ def keep_window_notes(paths: list[Path], records: list[dict], folder: Path) -> N
                 dst.write_bytes(src.read_bytes())
 
 
-def fold_cpu(run_dirs: list[Path], folder: Path, note: str = CPU_NOTE, log=print) -> dict[str, int]:
-    """Fold finished train.py run folders (at the queue's steps) as CPU runs."""
+def fold_cpu(run_dirs: list[Path], folder: Path, note: str = CPU_NOTE, log=print, entry_only: bool = False,
+             meta: dict | None = None) -> dict[str, int]:
+    """Fold finished train.py run folders (at the queue's steps) as CPU runs.
+
+    A run that diverged (``results.json`` ``diverged``) and is a queue entry is recorded as
+    ``diverged``, as :func:`fold` records a device run's. ``entry_only``: a run whose protocol is no
+    queue entry's is refused (the CPU lane's runs), not folded as an extra run. ``meta``: more
+    fields for each run's ``campaign.json`` (the lane's launch and fold commits)."""
     queue, ledger = campaign_queue.load(folder)
     by_sha = {e["config_sha"]: e for e in queue["entries"] if e.get("config_sha")}
+    ledger.setdefault("runs", {})
+    ledger.setdefault("extra", {})
     steps = max(e["steps"] for e in by_sha.values())
-    counts = {"done": 0, "extra": 0, "unchanged": 0, "duplicate": 0}
+    counts = {"done": 0, "diverged": 0, "extra": 0, "unchanged": 0, "duplicate": 0}
     for d in map(Path, run_dirs):
         metrics = d / "metrics.csv"
         if not (d / "results.json").is_file():
@@ -188,10 +196,20 @@ def fold_cpu(run_dirs: list[Path], folder: Path, note: str = CPU_NOTE, log=print
             raise FoldError(f"{d}: no results.json, the run is not finished (last evaluation at step {last} of "
                             f"{steps}); resume it (train.py resume=true) and fold it when it reaches {steps}")
         res = json.loads((d / "results.json").read_text())
+        entry = by_sha.get(campaign_queue.config_sha(res["config"]))
+        if entry is None and entry_only:
+            raise FoldError(f"{d}: its protocol is no entry of queue {queue['version']}; not folded")
+        if entry is not None and res.get("diverged") and entry["key"] not in ledger["runs"]:
+            why = str(res["diverged"].get("reason"))
+            ledger["runs"][entry["key"]] = {"status": "diverged", "kind": "cpu", "source": d.name, "why": why,
+                                            "record_sha": digest(res), "step": (res.get("final") or {}).get("step"),
+                                            "note": note, **_machine(res), **(meta or {})}
+            counts["diverged"] += 1
+            log(f"fold-cpu: {d} -> {entry['key']} diverged ({why})")
+            continue
         step, max_steps = (res.get("final") or {}).get("step"), res["config"]["trainer"]["max_steps"]
         if step != steps or max_steps != steps:
             raise FoldError(f"{d}: ran {step} of {max_steps} steps; the campaign folds runs of {steps} steps only")
-        entry = by_sha.get(campaign_queue.config_sha(res["config"]))
         name = entry["key"] if entry else f"cpu_{d.name}"
         sha = digest({"results": res, "metrics_csv": metrics.read_text()})
         book = ledger["runs"] if entry else ledger["extra"]
@@ -203,7 +221,7 @@ def fold_cpu(run_dirs: list[Path], folder: Path, note: str = CPU_NOTE, log=print
             continue
         write_run(folder, name, res, metrics.read_text(),
                   {"key": name if entry else None, "queue_version": queue["version"], "kind": "cpu", "note": note,
-                   "source": d.name, "tables": entry["tables"] if entry else []})
+                   "source": d.name, "tables": entry["tables"] if entry else [], **(meta or {})})
         book[name] = {"status": "done", "kind": "cpu", "record_sha": sha, "source": d.name, "step": step,
                       "note": note, **_machine(res)}
         counts["done" if entry else "extra"] += 1

@@ -1,0 +1,497 @@
+"""``python -m scripts.campaign cpu``: the campaign's CPU lane, run in the background of any machine
+without a GPU (``make lane``).
+
+    python -m scripts.campaign cpu start [--background]   # train the next entries, one per core
+    python -m scripts.campaign cpu status                 # per run: step, metric so far, s/step, ETA
+    python -m scripts.campaign cpu fold                   # fold what finished (start does it too)
+    python -m scripts.campaign cpu stop                   # stop the lane and its trainings
+
+Why. A GPU window trains a pack of runs inside one 10-minute command; a CPU trains one run for
+hours (a paper-regime run: ~4.4 h on one core of this project's Xeon with the stock convolutions),
+longer than a session keeps its machine. So the lane trains each queue entry as a plain
+``train.py`` run in a folder outside the repository (``--lane-dir``, default ``~/lpmetrics_lane``),
+checkpointing at every evaluation (``trainer.eval_every``, 1,000 steps), and every start first
+resumes the unfinished runs the machine still holds. A run killed at any step (SIGTERM, SIGKILL,
+a machine taken away) loses at most the steps since its last checkpoint; nothing is folded
+before the run has written its 40k-step ``results.json``.
+
+Order (:func:`cpu_order`). The cells in :data:`CELLS`, each cell's seed 0 first, objectives and
+lrs in :data:`FIRST` (the order that makes the comparison informative earliest: with two cores,
+each pair of runs is a CE and an LP run at the lrs where each trained best in shorter studies;
+the LP at lr 0.1 stayed at chance through 4k steps in this regime), then the cell's seeds 1-2 at
+the lr seed 0 chose (the queue's ``chosen`` rule: pending only once every seed-0 lr of the cell is
+folded), then the next cell. ``--all`` continues with the rest of the queue in its own order.
+
+Rules. One lane per machine (``lane.lock``; a second start reports what runs and starts
+nothing); one training per queue entry (``runs/<key>/.lock``, held by the training process
+itself, so a lane that dies leaves its trainings locked until they end). Every training runs
+the committed code of the commit the lane started from (a ``git worktree`` under ``code/``), so
+edits in the checkout never reach a running training. Before a run starts its entry must still
+compose to its queued protocol (else it is refused with its key); a run folder whose
+``lane.json`` names another protocol than its entry's is neither resumed nor folded. A finished
+run is folded into ``results/paper_tables/`` by :func:`scripts.campaign.fold.fold_cpu` (its
+``results.json`` protocol hash equal to the entry's), with the launch commits and the fold commit
+in its ``campaign.json``; committing the fold is the session's job.
+"""
+from __future__ import annotations
+
+import csv
+import fcntl
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from scripts.campaign import fold as campaign_fold
+from scripts.campaign import queue as campaign_queue
+from scripts.campaign import submit as campaign_submit
+from scripts.campaign.jobs import ROOT, composer
+from scripts.tables import queue_order
+
+#: the cells the lane trains, in order: (dataset, dataset.neg_keep) of Table 1 in the paper's regime
+CELLS = (("cifar10", 0.1), ("catdog", 0.1))
+#: objective and lr of a cell's seed-0 runs, in the order the lane takes them
+FIRST = (("ce", 0.1), ("auc_lp", 0.01), ("ce", 0.01), ("auc_lp", 0.001), ("auc_lp", 0.1), ("ce", 0.001),
+         ("ppd_sg", 0.1), ("ppd_sg", 0.01), ("ppd_sg", 0.001),
+         ("ppd_adagrad", 0.1), ("ppd_adagrad", 0.01), ("ppd_adagrad", 0.001))
+STAGES = ("table1_seed0", "table1_seeds12")
+LANE_NOTE = "CPU lane: its queue entry trained by train.py on a CPU (scripts/campaign/lane.py)"
+DEFAULT_LANE_DIR = Path(os.environ.get("LPMETRICS_LANE", Path.home() / "lpmetrics_lane"))
+POLL_S = 30.0
+MAX_FAILURES = 2   # a run that exits non-zero this often without progress is left for a person
+GPU_RECIPE = "docs/reproducing.md (the window on a lent GPU: scripts/campaign/gpu_window.sh)"
+
+
+class LaneError(RuntimeError):
+    """The lane cannot start or go on; the message says why and what to do."""
+
+
+# ----------------------------------------------------------------------------- order
+
+
+def lane_rank(entry: dict) -> tuple | None:
+    """Sort key of a queue entry in the lane's order, or ``None`` if the lane does not take it."""
+    where = entry.get("where", {})
+    cell = (where.get("dataset.name"), where.get("dataset.neg_keep"))
+    if cell not in CELLS or entry.get("stage") not in STAGES or entry.get("experiment") != "table1_binary":
+        return None
+    pair = (entry.get("objective"), entry.get("lr"))
+    first = FIRST.index(pair) if pair in FIRST else len(FIRST)
+    return CELLS.index(cell), STAGES.index(entry["stage"]), entry.get("seed", 0), first
+
+
+def cpu_order(queue: dict, ledger: dict, folder: Path, everything: bool = False) -> list[dict]:
+    """The wanted, pending, composable entries in the lane's order (``everything``: then the rest
+    of the queue in its own order)."""
+    pending, _ = campaign_submit.runnable(queue_order.ordered_pending(queue, ledger, folder))
+    mine = sorted((e for e in pending if lane_rank(e) is not None), key=lane_rank)
+    return mine + ([e for e in pending if lane_rank(e) is None] if everything else [])
+
+
+# ----------------------------------------------------------------------------- run folders
+
+
+@dataclass
+class LaneRun:
+    """One entry's run folder under ``<lane dir>/runs/<key>/`` and its ``lane.json``."""
+    folder: Path
+    info: dict = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, lane_dir: Path, key: str) -> "LaneRun":
+        folder = lane_dir / "runs" / key
+        path = folder / "lane.json"
+        return cls(folder, json.loads(path.read_text()) if path.is_file() else {})
+
+    def save(self) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        campaign_queue.write_json(self.folder / "lane.json", self.info)
+
+    @property
+    def lock_path(self) -> Path:
+        return self.folder / ".lock"
+
+    def locked(self) -> bool:
+        """Whether a training holds this run (its ``.lock``)."""
+        if not self.lock_path.is_file():
+            return False
+        with open(self.lock_path) as fh:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(fh, fcntl.LOCK_UN)
+        return False
+
+    def has_checkpoint(self) -> bool:
+        return (self.folder / "last.pt").is_file() or (self.folder / "last.prev.pt").is_file()
+
+    def results(self) -> dict | None:
+        path = self.folder / "results.json"
+        try:
+            return json.loads(path.read_text()) if path.is_file() else None
+        except ValueError:
+            return None
+
+    def rows(self) -> list[dict]:
+        path = self.folder / "metrics.csv"
+        if not path.is_file():
+            return []
+        with open(path, newline="") as fh:
+            return list(csv.DictReader(fh))
+
+    def progress(self) -> tuple[int | None, float | None]:
+        """(step, s/step) from the training's progress bar (``train.log``), else (None, None)."""
+        log = self.folder / "train.log"
+        if not log.is_file():
+            return None, None
+        with open(log, "rb") as fh:
+            fh.seek(max(0, log.stat().st_size - 8192))
+            tail = fh.read().decode(errors="replace")
+        found = re.findall(r"(\d+)/(\d+) \[[^\]]*?(\d+(?:\.\d+)?)(s/it|it/s)", tail)
+        if not found:
+            return None, None
+        step, _, rate, unit = found[-1]
+        rate = float(rate)
+        return int(step), (rate if unit == "s/it" else (1.0 / rate if rate else None))
+
+
+# ----------------------------------------------------------------------------- code and commands
+
+
+def git(*args: str, cwd: Path = ROOT) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout.strip()
+
+
+def code_snapshot(lane_dir: Path, commit: str) -> Path:
+    """A detached ``git worktree`` of ``commit`` under ``<lane dir>/code/``: what the trainings run."""
+    where = lane_dir / "code" / commit[:12]
+    if (where / "train.py").is_file():
+        try:
+            if git("rev-parse", "HEAD", cwd=where) == commit:
+                return where
+        except subprocess.CalledProcessError:
+            pass   # a worktree of a checkout that is gone: make it again
+        subprocess.run(["rm", "-rf", str(where)], check=True)
+    git("worktree", "prune")
+    where.parent.mkdir(parents=True, exist_ok=True)
+    git("worktree", "add", "--detach", str(where), commit)
+    return where
+
+
+def data_root() -> str | None:
+    if os.environ.get("DATA_ROOT"):
+        return os.environ["DATA_ROOT"]
+    shared = ROOT.parent / "shared" / "data"
+    return str(shared) if shared.is_dir() else None
+
+
+def train_command(entry: dict, code: Path, run: LaneRun, resume: bool, extra: list[str]) -> list[str]:
+    """``nice python <code>/train.py experiment=... <entry overrides> ...`` for one run."""
+    return ["nice", "-n", "19", sys.executable, str(code / "train.py"), f"experiment={entry['experiment']}",
+            *entry["overrides"], "logger=csv", f"hydra.run.dir={run.folder}", *extra,
+            *(["resume=true"] if resume else [])]
+
+
+def train_env() -> dict[str, str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "WANDB_MODE": "disabled",
+           "PYTHONUNBUFFERED": "1"}
+    env.pop("PYTHONPATH", None)   # the snapshot's own package, not the checkout's
+    root = data_root()
+    if root:
+        env["DATA_ROOT"] = root
+    return env
+
+
+# ----------------------------------------------------------------------------- the lane
+
+
+class Lane:
+    """The supervisor: keeps ``jobs`` trainings running, folds what finishes."""
+
+    def __init__(self, lane_dir: Path, campaign_dir: Path, jobs: int, everything: bool = False,
+                 extra: list[str] | None = None, log=print):
+        self.dir, self.campaign_dir, self.jobs, self.everything = lane_dir, campaign_dir, jobs, everything
+        self.extra = list(extra or [])
+        self.log = log
+        self.children: dict[str, subprocess.Popen] = {}
+        self.refused: dict[str, str] = {}
+        self.stopping = False
+
+    # -- one pass
+    def candidates(self) -> list[dict]:
+        queue, ledger = campaign_queue.load(self.campaign_dir)
+        self.queue = queue
+        return cpu_order(queue, ledger, self.campaign_dir, self.everything)
+
+    def check_entry(self, entry: dict, compose) -> str | None:
+        """Why ``entry`` cannot be trained here now, or ``None``."""
+        run = LaneRun.of(self.dir, entry["key"])
+        if run.info.get("config_sha") not in (None, entry["config_sha"]):
+            return (f"its run folder {run.folder} holds protocol {run.info['config_sha']}, the entry is "
+                    f"{entry['config_sha']}: neither resumed nor folded (move the folder away to train it afresh)")
+        if run.info.get("failures", 0) >= MAX_FAILURES:
+            return f"failed {run.info['failures']} times without progress (see {run.folder / 'train.log'})"
+        return campaign_submit.verifier(compose, [])(entry)
+
+    def start_run(self, entry: dict, code: Path, commit: str) -> None:
+        run = LaneRun.of(self.dir, entry["key"])
+        resume = run.has_checkpoint()
+        step, _ = run.progress() if resume else (None, None)
+        run.info.update(key=entry["key"], config_sha=entry["config_sha"], queue_version=self.queue["version"],
+                        steps=entry["steps"])
+        run.info.setdefault("segments", []).append(
+            {"commit": commit, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+             "resumed_from_step": step if resume else 0, "overrides": self.extra})
+        run.save()
+        lock = open(run.lock_path, "a+")
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        cmd = train_command(entry, code, run, resume, self.extra)
+        with open(run.folder / "train.log", "ab") as out:
+            out.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n".encode())
+            out.flush()
+            # the child holds the lock too (pass_fds): it stays held while the training lives
+            child = subprocess.Popen(cmd, cwd=code, env=train_env(), stdout=out, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, pass_fds=(lock.fileno(),), start_new_session=True)
+        lock.close()
+        self.children[entry["key"]] = child
+        self.log(f"lane: started {entry['key']} ({'resumed' if resume else 'new'}; pid {child.pid})")
+
+    def reap(self) -> None:
+        for key, child in list(self.children.items()):
+            code = child.poll()
+            if code is None:
+                continue
+            del self.children[key]
+            run = LaneRun.of(self.dir, key)
+            res = run.results()
+            finished = res is not None and (res.get("final") or {}).get("step") == run.info.get("steps")
+            if code == 0 or finished or (res or {}).get("diverged"):
+                run.info["failures"] = 0
+                self.log(f"lane: {key} ended (exit {code})")
+            else:
+                step, _ = run.progress()
+                last = run.info.get("last_failure_step")
+                run.info["failures"] = run.info.get("failures", 0) + 1 if step == last else 1
+                run.info["last_failure_step"] = step
+                self.log(f"lane: {key} failed (exit {code}) at step {step}; see {run.folder / 'train.log'}")
+            run.save()
+
+    def fill(self, code: Path, commit: str) -> None:
+        free = self.jobs - len(self.children)
+        if free <= 0 or self.stopping:
+            return
+        with composer() as compose:
+            for entry in self.candidates():
+                if free <= 0:
+                    break
+                key = entry["key"]
+                run = LaneRun.of(self.dir, key)
+                if key in self.children or run.locked() or run.results() is not None:
+                    continue
+                why = self.check_entry(entry, compose)
+                if why:
+                    if self.refused.get(key) != why:
+                        self.log(f"lane: refused {key}: {why}")
+                    self.refused[key] = why
+                    continue
+                self.start_run(entry, code, commit)
+                free -= 1
+
+    def supervise(self, commit: str, once: bool = False) -> int:
+        code = code_snapshot(self.dir, commit)
+        self.log(f"lane: code {commit[:12]} at {code}; {self.jobs} training(s) at a time")
+        while True:
+            self.reap()
+            fold_finished(self.dir, self.campaign_dir, self.log)
+            self.fill(code, commit)
+            if not self.children:
+                self.log("lane: nothing left to train in the lane's cells" +
+                         (f" ({len(self.refused)} refused: see above)" if self.refused else ""))
+                return 0
+            if once:
+                return 0
+            time.sleep(POLL_S)
+
+    def terminate(self, *_):
+        self.stopping = True
+        for key, child in self.children.items():
+            self.log(f"lane: stopping {key} (pid {child.pid}); it resumes from its last checkpoint")
+            try:
+                os.killpg(child.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        for child in self.children.values():
+            try:
+                child.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(child.pid, signal.SIGKILL)
+        raise SystemExit(0)
+
+
+def fold_finished(lane_dir: Path, campaign_dir: Path, log=print) -> list[str]:
+    """Fold every finished, unlocked lane run whose protocol is its entry's; the keys folded."""
+    queue, ledger = campaign_queue.load(campaign_dir)
+    entries = {e["key"]: e for e in queue["entries"]}
+    commit = git("rev-parse", "HEAD")
+    folded = []
+    for folder in sorted((lane_dir / "runs").glob("*/")):
+        run = LaneRun(folder, LaneRun.of(lane_dir, folder.name).info)
+        key, res = folder.name, run.results()
+        if res is None or run.locked() or run.info.get("folded") or key in ledger.get("runs", {}):
+            continue
+        entry = entries.get(key)
+        if entry is None or campaign_queue.config_sha(res["config"]) != entry["config_sha"]:
+            why = "no such entry" if entry is None else "its protocol differs from its entry's"
+            if run.info.get("not_folded") != why:
+                log(f"lane: not folding {key}: {why} (queue {queue['version']})")
+                run.info["not_folded"] = why
+                run.save()
+            continue
+        meta = {"lane": {"launch_commits": sorted({s["commit"] for s in run.info.get("segments", [])}),
+                         "fold_commit": commit, "segments": run.info.get("segments", [])}}
+        counts = campaign_fold.fold_cpu([folder], campaign_dir, LANE_NOTE, log=log, entry_only=True, meta=meta)
+        if counts.get("done") or counts.get("diverged"):
+            run.info["folded"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            run.save()
+            folded.append(key)
+    return folded
+
+
+# ----------------------------------------------------------------------------- status
+
+
+def status_lines(lane_dir: Path, campaign_dir: Path) -> list[str]:
+    queue, ledger = campaign_queue.load(campaign_dir)
+    order = cpu_order(queue, ledger, campaign_dir)
+    keys = [e["key"] for e in order]
+    runs_dir = lane_dir / "runs"
+    seen = sorted(p.name for p in runs_dir.glob("*/")) if runs_dir.is_dir() else []
+    lines = [f"lane {lane_dir}: {lane_holder(lane_dir) or 'not running'}"]
+    lines.append(f"{'run':38} {'state':9} {'step':>11} {'val_auc':>8} {'best':>6} {'s/step':>6} {'ETA':>7}")
+    for key in dict.fromkeys([*seen, *keys]):
+        run = LaneRun.of(lane_dir, key)
+        res, rows = run.results(), run.rows()
+        steps = run.info.get("steps") or next((e["steps"] for e in order if e["key"] == key), 40000)
+        step, rate = run.progress()
+        done_at = ledger.get("runs", {}).get(key, {}).get("status")
+        state = ("folded" if run.info.get("folded") or done_at else "finished" if res is not None
+                 else "training" if run.locked() else "stopped" if run.folder.is_dir() else "queued")
+        step = (res or {}).get("final", {}).get("step") if res else step
+        if step is None and rows:
+            step = int(rows[-1]["step"])
+        vals = [float(r["val_auc"]) for r in rows if r.get("val_auc") not in (None, "")]
+        eta = "" if state != "training" or not rate or step is None else f"{(steps - step) * rate / 3600:.1f}h"
+        lines.append(f"{key:38} {state:9} {(f'{step}/{steps}' if step is not None else '-'):>11} "
+                     f"{(f'{vals[-1]:.4f}' if vals else '-'):>8} {(f'{max(vals):.4f}' if vals else '-'):>6} "
+                     f"{(f'{rate:.2f}' if rate else '-'):>6} {eta:>7}")
+    return lines
+
+
+def lane_holder(lane_dir: Path) -> str | None:
+    """``pid N since T`` of the running lane, or ``None``."""
+    path = lane_dir / "lane.lock"
+    if not path.is_file():
+        return None
+    with open(path) as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return f"running ({fh.read().strip()})"
+        fcntl.flock(fh, fcntl.LOCK_UN)
+    return None
+
+
+# ----------------------------------------------------------------------------- commands
+
+
+def gpu_present() -> bool:
+    import torch
+    return torch.cuda.is_available()
+
+
+def start(args) -> int:
+    lane_dir = Path(args.lane_dir).expanduser()
+    lane_dir.mkdir(parents=True, exist_ok=True)
+    if gpu_present() and not args.force:
+        raise LaneError(f"this machine has a GPU: train the queue with the GPU window instead ({GPU_RECIPE}); "
+                        "--force runs the CPU lane anyway")
+    holder = lane_holder(lane_dir)
+    if holder:
+        print(f"lane: already {holder}; nothing started. Its runs:")
+        print("\n".join(status_lines(lane_dir, Path(args.dir))))
+        return 0
+    if args.background:
+        log = open(lane_dir / "lane.log", "ab")
+        argv = [sys.executable, "-m", "scripts.campaign", "--dir", args.dir, "cpu", "start",
+                "--lane-dir", str(lane_dir), "--jobs", str(args.jobs), *(["--all"] if args.all else []),
+                *(["--force"] if args.force else []), *sum((["--set", s] for s in args.set), [])]
+        child = subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                 start_new_session=True)
+        print(f"lane: started in the background (pid {child.pid}); log {lane_dir / 'lane.log'}; "
+              "`python -m scripts.campaign cpu status` shows its runs")
+        return 0
+    lock = open(lane_dir / "lane.lock", "a+")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        print(f"lane: already {lane_holder(lane_dir) or 'running'}; nothing started")
+        return 0
+    lock.truncate(0)
+    lock.write(f"pid {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+    lock.flush()
+    commit = git("rev-parse", "HEAD")
+    lane = Lane(lane_dir, Path(args.dir), args.jobs, args.all, args.set,
+                log=lambda m: print(f"{time.strftime('%H:%M:%S')} {m}", flush=True))
+    signal.signal(signal.SIGTERM, lane.terminate)
+    signal.signal(signal.SIGINT, lane.terminate)
+    return lane.supervise(commit, once=args.once)
+
+
+def stop(args) -> int:
+    lane_dir = Path(args.lane_dir).expanduser()
+    holder = lane_holder(lane_dir)
+    if not holder:
+        print("lane: not running")
+        return 0
+    pid = int(re.search(r"pid (\d+)", holder).group(1))
+    os.kill(pid, signal.SIGTERM)
+    print(f"lane: sent SIGTERM to {pid}; its trainings stop and resume from their last checkpoint at the next start")
+    return 0
+
+
+def add_parser(sub) -> None:
+    c = sub.add_parser("cpu", help="the CPU lane: the headline cells' runs, one per core, in the background")
+    c.add_argument("action", choices=("start", "status", "fold", "stop"))
+    c.add_argument("--lane-dir", default=str(DEFAULT_LANE_DIR),
+                   help="run folders, code snapshots, locks and the log (outside the repository)")
+    c.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="trainings at a time (one per core)")
+    c.add_argument("--all", action="store_true", help="after the lane's cells, the rest of the queue in its order")
+    c.add_argument("--background", action="store_true", help="start the lane detached; its output in lane.log")
+    c.add_argument("--once", action="store_true", help="one pass: fold, start what fits, return (tests)")
+    c.add_argument("--force", action="store_true", help="run on a machine with a GPU all the same")
+    c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="an override every training gets; only keys that do not define a protocol")
+
+
+def main(args) -> int:
+    lane_dir, campaign_dir = Path(args.lane_dir).expanduser(), Path(args.dir)
+    try:
+        if args.action == "start":
+            return start(args)
+        if args.action == "stop":
+            return stop(args)
+        if args.action == "fold":
+            folded = fold_finished(lane_dir, campaign_dir)
+            print(f"lane: folded {len(folded)} run(s){': ' + ', '.join(folded) if folded else ''}")
+            return 0
+        print("\n".join(status_lines(lane_dir, campaign_dir)))
+        return 0
+    except (LaneError, campaign_fold.FoldError) as err:
+        print(f"campaign cpu: {err}")
+        return 1
