@@ -1,0 +1,196 @@
+"""scripts/campaign/lane.py, the CPU lane: its order on the committed queue; on digits (an MLP, a
+few hundred steps) it trains the queue's entries as train.py runs outside the campaign folder,
+folds them with both commits recorded, resumes a run killed with SIGKILL to the same metrics.csv
+as an uninterrupted run, runs nothing twice, and refuses what it must refuse."""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from scripts.campaign import cli as campaign
+from scripts.campaign import lane
+from scripts.campaign import queue as campaign_queue
+from scripts.campaign.jobs import ROOT
+from scripts.tables import queue_order
+
+STEPS = 300
+SECTION = campaign_queue.Section(
+    ("binary",), "table1_binary", {"dataset.neg_keep": ["0.1"], "dataset": ["digits"], "seed": ["0"],
+                                   "optimizer.lr": ["0.1"], "objective": ["ce", "auc_lp"]},
+    block=3, name="table1_seed0")
+EXTRA = ("model=mlp", f"trainer.max_steps={STEPS}", "trainer.eval_every=100", "device=cpu")
+
+
+@pytest.fixture(scope="module")
+def queue_dir(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("campaign")
+    campaign_queue.write_json(d / "queue.json", campaign_queue.build((SECTION,), extra=EXTRA, log=lambda m: None))
+    return d
+
+
+@pytest.fixture
+def digits_lane(monkeypatch, tmp_path, queue_dir):
+    """A copy of the digits campaign folder and an empty lane folder; the lane takes digits' cell."""
+    monkeypatch.setattr(lane, "CELLS", (("digits", 0.1),))
+    monkeypatch.setattr(lane, "POLL_S", 0.5)
+    monkeypatch.setattr(lane, "gpu_present", lambda: False)
+    camp = tmp_path / "campaign"
+    shutil.copytree(queue_dir, camp)
+    yield camp, tmp_path / "lane"
+    subprocess.run(["git", "worktree", "prune"], cwd=ROOT, check=False)
+
+
+def cpu(camp: Path, lane_dir: Path, *args: str) -> int:
+    return campaign.main(["--dir", str(camp), "cpu", *args, "--lane-dir", str(lane_dir)])
+
+
+def test_the_headline_cell_comes_first_in_the_order_the_comparison_needs():
+    folder = campaign_queue.DEFAULT_DIR
+    queue, ledger = campaign_queue.load(folder)
+    order = lane.cpu_order(queue, {**ledger, "runs": {}}, folder)
+    keys = [e["key"] for e in order]
+    assert keys[:4] == ["cifar10_nk0.1_ce_lr0.1_s0", "cifar10_nk0.1_auc_lp_lr0.01_s0",
+                        "cifar10_nk0.1_ce_lr0.01_s0", "cifar10_nk0.1_auc_lp_lr0.001_s0"]
+    first12 = order[:12]
+    assert {(e["objective"], e["lr"]) for e in first12} == {(o, lr) for o in ("ce", "auc_lp", "ppd_sg", "ppd_adagrad")
+                                                          for lr in (0.1, 0.01, 0.001)}
+    assert all(e["where"]["dataset.name"] == "cifar10" and e["seed"] == 0 and "augmented" not in e["key"]
+               for e in first12)
+    # seeds 1-2 wait for seed 0's choice: the next runs are Cat&Dog's seed 0
+    assert order[12]["key"] == "catdog_nk0.1_ce_lr0.1_s0" and len(order) == 24
+
+
+def test_seeds_1_2_follow_at_the_lr_seed_0_chose(tmp_path):
+    queue = json.loads((campaign_queue.DEFAULT_DIR / "queue.json").read_text())
+    cell = [e for e in queue["entries"] if e["stage"] == "table1_seed0" and e["key"].startswith("cifar10_nk0.1_")]
+    runs = {}
+    for e in cell:   # every seed-0 lr folded; ce best at lr 0.01
+        d = tmp_path / "runs" / e["key"]
+        d.mkdir(parents=True)
+        val = 0.8 if (e["objective"], e["lr"]) == ("ce", 0.01) else 0.6
+        (d / "results.json").write_text(json.dumps({"final": {"val_auc": val}}))
+        runs[e["key"]] = {"status": "done"}
+    order = [e["key"] for e in lane.cpu_order(queue, {"runs": runs}, tmp_path)]
+    # ce chose lr 0.01; the other cells tie, so the smaller lr (the tables' rule)
+    assert order[:8] == [f"cifar10_nk0.1_{o}_lr{lr}_s{s}" for s in (1, 2) for o, lr in
+                         (("ce", 0.01), ("auc_lp", 0.001), ("ppd_sg", 0.001), ("ppd_adagrad", 0.001))]
+    assert order[8] == "catdog_nk0.1_ce_lr0.1_s0"
+    assert queue_order.states(queue, {"runs": runs}, tmp_path)["cifar10_nk0.1_ce_lr0.1_s1"][0] == "not needed"
+
+
+def test_the_lane_trains_folds_and_records_both_commits(digits_lane, capsys):
+    camp, lane_dir = digits_lane
+    assert cpu(camp, lane_dir, "start") == 0
+    ledger = json.loads((camp / "ledger.json").read_text())
+    assert {k: v["status"] for k, v in ledger["runs"].items()} == {
+        "digits_nk0.1_ce_lr0.1_s0": "done", "digits_nk0.1_auc_lp_lr0.1_s0": "done"}
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    for key in ledger["runs"]:
+        meta = json.loads((camp / "runs" / key / "campaign.json").read_text())
+        assert meta["kind"] == "cpu" and meta["lane"]["launch_commits"] == [head] and meta["lane"]["fold_commit"] == head
+        res = json.loads((camp / "runs" / key / "results.json").read_text())
+        assert res["final"]["step"] == STEPS
+    out = capsys.readouterr().out
+    assert "nothing left to train" in out
+    # again: nothing to train, nothing changes
+    before = (camp / "ledger.json").read_bytes()
+    assert cpu(camp, lane_dir, "start") == 0 and (camp / "ledger.json").read_bytes() == before
+    assert cpu(camp, lane_dir, "status") == 0
+    assert "folded" in capsys.readouterr().out
+
+
+def wait_for(cond, timeout=120.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+@pytest.mark.slow   # ~90 s on a loaded 2-core machine: three train.py processes
+def test_a_killed_run_resumes_from_its_checkpoint_to_the_uninterrupted_metrics(digits_lane, tmp_path):
+    camp, lane_dir = digits_lane
+    key = "digits_nk0.1_ce_lr0.1_s0"
+    reference = tmp_path / "reference"
+    assert cpu(camp, reference, "start") == 0   # uninterrupted (both entries, each alone)
+    (camp / "ledger.json").unlink()
+    shutil.rmtree(camp / "runs")
+    sup = lane.Lane(lane_dir, camp, jobs=1, log=lambda m: None)
+    commit = lane.git("rev-parse", "HEAD")
+    code = lane.code_snapshot(lane_dir, commit)
+    sup.fill(code, commit)
+    child = sup.children[key]
+    run = lane.LaneRun.of(lane_dir, key)
+    assert wait_for(lambda: (run.folder / "last.pt").is_file() or child.poll() is not None)
+    os.killpg(child.pid, signal.SIGKILL)
+    child.wait()
+    if (run.folder / "results.json").is_file():
+        pytest.skip("the run finished before it could be killed (a fast machine)")
+    assert run.locked() is False
+    assert cpu(camp, lane_dir, "start") == 0
+    assert "resumed_from_step" in json.loads((run.folder / "lane.json").read_text())["segments"][-1]
+    assert json.loads((run.folder / "lane.json").read_text())["segments"][-1]["resumed_from_step"] is not None
+    assert (run.folder / "metrics.csv").read_text() == (reference / "runs" / key / "metrics.csv").read_text()
+
+
+def test_a_second_start_runs_nothing_twice(digits_lane, capsys):
+    camp, lane_dir = digits_lane
+    lane_dir.mkdir()
+    with open(lane_dir / "lane.lock", "a+") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        held.write("pid 1 since then\n")
+        held.flush()
+        assert cpu(camp, lane_dir, "start") == 0
+    assert "already running (pid 1 since then); nothing started" in capsys.readouterr().out
+    assert not (lane_dir / "runs").exists()
+    # a run whose training holds its lock is not started by another lane
+    run = lane.LaneRun.of(lane_dir, "digits_nk0.1_ce_lr0.1_s0")
+    run.folder.mkdir(parents=True)
+    with open(run.lock_path, "a+") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        sup = lane.Lane(lane_dir, camp, jobs=2, log=lambda m: None)
+        assert run.locked()
+        keys = [e["key"] for e in sup.candidates() if not lane.LaneRun.of(lane_dir, e["key"]).locked()]
+        assert keys == ["digits_nk0.1_auc_lp_lr0.1_s0"]
+
+
+def test_refusals_another_protocol_a_gpu_and_a_foreign_results(digits_lane, monkeypatch, capsys):
+    camp, lane_dir = digits_lane
+    key = "digits_nk0.1_ce_lr0.1_s0"
+    run = lane.LaneRun.of(lane_dir, key)
+    run.info = {"key": key, "config_sha": "0123456789abcdef"}
+    run.save()
+    (run.folder / "last.pt").write_bytes(b"not touched")
+    sup = lane.Lane(lane_dir, camp, jobs=1, log=print)
+    with campaign.composer() as compose:
+        entry = next(e for e in sup.candidates() if e["key"] == key)
+        assert "holds protocol 0123456789abcdef" in sup.check_entry(entry, compose)
+    # a results.json of another protocol is not folded
+    (run.folder / "results.json").write_text(json.dumps({"config": {"seed": 5}, "final": {"step": STEPS}}))
+    assert lane.fold_finished(lane_dir, camp, log=print) == []
+    assert "not folding digits_nk0.1_ce_lr0.1_s0: its protocol differs" in capsys.readouterr().out
+    assert (run.folder / "last.pt").read_bytes() == b"not touched"
+    monkeypatch.setattr(lane, "gpu_present", lambda: True)
+    assert cpu(camp, lane_dir, "start") == 1
+    assert "this machine has a GPU" in capsys.readouterr().out
+
+
+def test_an_entry_that_no_longer_composes_to_its_protocol_is_refused_with_its_key(digits_lane, capsys):
+    camp, lane_dir = digits_lane
+    queue = json.loads((camp / "queue.json").read_text())
+    for e in queue["entries"]:
+        e["config_sha"] = "fedcba9876543210"
+    campaign_queue.write_json(camp / "queue.json", queue)
+    assert cpu(camp, lane_dir, "start", "--once") == 0
+    out = capsys.readouterr().out
+    assert "refused digits_nk0.1_ce_lr0.1_s0: composes to another protocol" in out
+    assert not (lane_dir / "runs").exists()
