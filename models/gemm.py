@@ -1,0 +1,399 @@
+r"""The project's one GEMM convolution: a torchvision ResNet (BasicBlock: ResNet-18/34) whose
+convolutions are im2col + GEMM, for N runs at once (a pack, :mod:`packed.model`'s ``mode="gemm"``)
+or for one run (a pack of one: :class:`models.gemm_resnet.GemmResNet`, ``model.conv_impl=gemm``).
+
+Why. ``vmap`` turns each convolution of a pack into one cuDNN *grouped* convolution (the run
+axis folded into channels, ``groups=N``), measured at ~7 TFLOP/s in backward on an H100, plus an
+NCHW <-> NHWC transpose per layer. Per run, a convolution is one GEMM
+:math:`Y_n = A_n W_n` with :math:`A_n \in \mathbb{R}^{M \times K}` the im2col patches
+(:math:`M = B H_o W_o` rows, :math:`K = k_h k_w C_{in}` columns) and
+:math:`W_n \in \mathbb{R}^{K \times C_{out}}`; N runs are one strided-batched GEMM,
+``torch.bmm`` over the run axis. This is the horizontal fusion of HFTA (Wang et al., MLSys 2021,
+"Horizontally Fused Training Array") written with GEMMs instead of grouped convolutions, the
+route suggested on the pytorch/functorch tracker for slow vmapped convolutions (unfold +
+matmul). On one CPU core the same GEMMs beat oneDNN's direct convolutions for a lone run too:
+``torch.matmul`` reaches 130-150 GFLOP/s in float32 on this network's shapes where oneDNN's
+convolutions (forward and backward) reach 25-40 (``results/cpu_step/``).
+
+Layout: run-major channels-last ``[N, B, H, W, C]``, contiguous. The GEMM's output ``[N, M, C_out]``
+*is* the next activation in this layout (a view, no copy); BatchNorm reduces dim 1 of the
+``[N, M, C]`` view; ReLU, the residual add and the pooling keep the layout; the only copies are
+the im2col gathers (innermost runs of C contiguous values on both sides) and, for a pack, the
+weight reorder ``[N, C_out, C_in, k_h, k_w] -> [N, k_h k_w C_in, C_out]``. A lone run keeps its
+weights channels-last (``[C_out, k_h, k_w, C_in]`` in memory), so the reorder is a transposed view,
+the GEMM reads it in place (BLAS's transposed operand) and ``torch.mm``'s backward hands back the
+weight gradient in that same layout: no per-step copy of weights or of their gradients. HFTA's
+channels-last layout ``[B, H, W, N C]`` also feeds ``bmm`` as a strided view, but every ``bmm``
+writes ``[N, M, C]``, so keeping that layout costs one transpose copy per convolution; it exists
+for cuDNN's grouped kernels, which this mode replaces. Hence one layout, not a parameter.
+
+im2col (:func:`im2col`). On CUDA it is ``Tensor.unfold`` (strided windows of the padded
+activation) and one reshape copy; its backward, ``unfold_backward``, gathers each input gradient
+from the windows that hold it: deterministic, so two runs of a pack (graph vs eager, NaN
+isolation) agree bit for bit, where an index gather's CUDA backward adds with atomics in no fixed
+order. On the CPU it is an index gather (``index_select`` of pixel rows): its backward,
+``index_add_``, runs in a fixed order there (deterministic) and is ~5x faster than
+``unfold_backward`` (one 8x8, 64-channel convolution, N=4, B=64: 32 vs 169 ms).
+
+Taps that meet only padding are dropped (per axis, the tap range that meets a pixel for some
+output position; the weight is sliced and the padding shrunk to match): at 1x1 spatial a 3x3
+convolution with padding 1 is its centre tap, a plain GEMM with ``K = C_in`` and no im2col; the
+2x2 -> 1x1 stride-2 convolution keeps its 2x2 taps that meet pixels (``K = 4 C_in``, not 9). The
+dropped taps multiplied exact zeros, so nothing changes but rounding order; their weight gradient
+is exactly zero, as in ``F.conv2d`` (so weight decay, applied by the optimizer to the whole
+weight, moves them exactly as it would there).
+
+BatchNorm in training mode uses each run's batch statistics and updates its running statistics
+in place with torch's formula (``momentum * batch + (1 - momentum) * running``, the unbiased
+variance for ``running_var``, ``num_batches_tracked += 1``; ``momentum=None``: the cumulative
+average); in eval mode, the running statistics; the mode is per BatchNorm (``training`` may map
+each BatchNorm's prefix to its mode, as a model in ``eval()`` with its BatchNorms in ``train()``
+evaluates: :func:`run.builders.predict`'s ``bn_mode="train"``). Half-precision inputs (autocast)
+are normalised in float32 and cast back, as cuDNN's BatchNorm does. Autograd derives the whole
+backward.
+
+Precision. A lone run's cuDNN convolutions use TF32 by default (``torch.backends.cudnn.allow_tf32``)
+while a matmul does not (``torch.backends.cuda.matmul.allow_tf32``, default off), so on CUDA the
+convolution GEMMs run with the matmul flag set to cuDNN's, forward and backward (a pre-hook and a
+hook on each GEMM's backward node), and the flag is restored right after each; the head's
+matmul keeps the caller's setting, as a lone ``nn.Linear`` does. A CUDA graph records the math
+mode of each captured GEMM, so a capture of this forward replays the same precision. On the CPU,
+``operands="bf16"`` runs the convolution GEMMs (forward and both backward GEMMs) with oneDNN's
+bf16 math mode (``torch.backends.mkldnn.matmul.fp32_precision="bf16"``, scoped the same way): the
+operands are rounded to bfloat16, products accumulate in float32 and the outputs are float32, the
+CPU counterpart of TF32 (AMX-BF16 / AVX512-BF16 where the CPU has them); weights, activations,
+BatchNorm and its statistics stay float32. In float64 the flags do nothing: the GEMMs are exact up
+to summation order (float64 pack vs lone runs: ``tests/test_packed_gemm.py``; lone GEMM model vs
+torchvision's: ``tests/test_cpu_gemm.py``).
+"""
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torchvision.models.resnet import BasicBlock, ResNet
+
+
+class GemmPlanError(ValueError):
+    """The model is not a torchvision ResNet of BasicBlocks this mode computes (the reason says
+    which module differs). :mod:`packed.model` re-raises it as its ``PackError``."""
+
+
+@dataclass(frozen=True)
+class Conv:
+    weight: str               # key of the stacked weight [N, C_out, C_in, k_h, k_w]
+    stride: tuple[int, int]
+    padding: tuple[int, int]
+
+
+@dataclass(frozen=True)
+class Norm:
+    prefix: str               # keys prefix.weight / .bias / .running_mean / .running_var / .num_batches_tracked
+    eps: float
+    momentum: float | None
+
+
+@dataclass(frozen=True)
+class Block:
+    conv1: Conv
+    bn1: Norm
+    conv2: Conv
+    bn2: Norm
+    down: tuple[Conv, Norm] | None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the forward reads from the skeleton: hyperparameters and storage keys only."""
+    stem: Conv
+    stem_bn: Norm
+    pool: dict | None          # F.max_pool2d keywords; None: no pool (cifar_stem)
+    blocks: tuple[Block, ...]
+    fc: str
+
+
+def _conv(m: nn.Module, name: str) -> Conv:
+    if not isinstance(m, nn.Conv2d) or m.groups != 1 or m.dilation != (1, 1) or m.bias is not None \
+            or m.padding_mode != "zeros" or isinstance(m.padding, str):
+        raise GemmPlanError(f"{name} is {m}: mode='gemm' computes bias-free, ungrouped, undilated, "
+                            "zero-padded Conv2d only")
+    return Conv(f"{name}.weight", tuple(m.stride), tuple(m.padding))
+
+
+def _norm(m: nn.Module, name: str) -> Norm:
+    if not isinstance(m, nn.BatchNorm2d) or not m.affine or not m.track_running_stats:
+        raise GemmPlanError(f"{name} is {m}: mode='gemm' computes affine BatchNorm2d with running "
+                            "statistics only")
+    return Norm(name, float(m.eps), m.momentum)
+
+
+def plan(model: nn.Module) -> Plan:
+    """Read ``model`` (a torchvision :class:`ResNet` of :class:`BasicBlock`, e.g.
+    ``models.resnet.resnet18`` with either stem) into a :class:`Plan`; :class:`GemmPlanError`
+    naming the first module this mode cannot compute."""
+    if not isinstance(model, ResNet):
+        raise GemmPlanError(f"the model is a {type(model).__name__}, not a torchvision ResNet: "
+                            "mode='gemm' computes ResNet-18/34 (models/resnet.py) only; "
+                            "pack it with mode='vmap' or 'loop'")
+    pool = model.maxpool
+    if not isinstance(pool, (nn.MaxPool2d, nn.Identity)):
+        raise GemmPlanError(f"maxpool is {pool}: mode='gemm' takes a MaxPool2d or Identity")
+    if not isinstance(model.avgpool, nn.AdaptiveAvgPool2d) or model.avgpool.output_size not in (1, (1, 1)):
+        raise GemmPlanError(f"avgpool is {model.avgpool}: mode='gemm' takes global average pooling")
+    if model.fc.bias is None:
+        raise GemmPlanError("fc has no bias: mode='gemm' computes torchvision's Linear head")
+    blocks = []
+    for li in range(1, 5):
+        for bi, blk in enumerate(getattr(model, f"layer{li}")):
+            name = f"layer{li}.{bi}"
+            if not isinstance(blk, BasicBlock):
+                raise GemmPlanError(f"{name} is a {type(blk).__name__}: mode='gemm' computes "
+                                    "BasicBlock ResNets (18/34) only; pack it with mode='vmap'")
+            down = None
+            if blk.downsample is not None:
+                if len(blk.downsample) != 2:
+                    raise GemmPlanError(f"{name}.downsample is {blk.downsample}: expected conv, bn")
+                down = (_conv(blk.downsample[0], f"{name}.downsample.0"),
+                        _norm(blk.downsample[1], f"{name}.downsample.1"))
+            blocks.append(Block(_conv(blk.conv1, f"{name}.conv1"), _norm(blk.bn1, f"{name}.bn1"),
+                                _conv(blk.conv2, f"{name}.conv2"), _norm(blk.bn2, f"{name}.bn2"), down))
+    keys = ("kernel_size", "stride", "padding", "dilation", "ceil_mode")
+    return Plan(_conv(model.conv1, "conv1"), _norm(model.bn1, "bn1"),
+                {k: getattr(pool, k) for k in keys} if isinstance(pool, nn.MaxPool2d) else None,
+                tuple(blocks), "fc")
+
+
+class _Flag:
+    """Sets one global math flag (``get`` / ``put`` a value) for the span of a GEMM and restores
+    the previous value on exit; nested uses restore in order."""
+
+    def __init__(self, get: Callable[[], object], put: Callable[[object], None], value) -> None:
+        self._get, self._put, self._value, self._saved = get, put, value, []
+
+    def __enter__(self) -> None:
+        self._saved.append(self._get())
+        self._put(self._value)
+
+    def __exit__(self, *exc) -> None:
+        self._put(self._saved.pop())
+
+
+def _set_matmul_tf32(on) -> None:
+    torch.backends.cuda.matmul.allow_tf32 = on
+
+
+def _set_cpu_matmul(precision) -> None:
+    torch.backends.mkldnn.matmul.fp32_precision = precision
+
+
+def _like_cudnn() -> _Flag:
+    """``torch.backends.cuda.matmul.allow_tf32`` set to ``torch.backends.cudnn.allow_tf32`` (the
+    precision a lone run's convolutions use)."""
+    return _Flag(lambda: torch.backends.cuda.matmul.allow_tf32, _set_matmul_tf32,
+                 torch.backends.cudnn.allow_tf32)
+
+
+def _bf16_operands() -> _Flag:
+    """oneDNN's bf16 math mode for float32 CPU GEMMs: bf16 operands, float32 accumulation and
+    output."""
+    return _Flag(lambda: torch.backends.mkldnn.matmul.fp32_precision, _set_cpu_matmul, "bf16")
+
+
+#: ``operands`` of :func:`conv` / :func:`forward`: ``None`` (the GEMM in its inputs' dtype) or
+#: ``"bf16"`` (float32 inputs, bf16 operands on the CPU: the module docstring)
+OPERANDS = (None, "bf16")
+
+
+def _scoped(gemm: Callable[[], torch.Tensor], flag: _Flag | None) -> torch.Tensor:
+    """``gemm()`` under ``flag``, and its backward node under the same flag (a pre-hook enters
+    it, a hook leaves it). If the backward node raises, the flag stays set until the process ends
+    or something resets it."""
+    if flag is None:
+        return gemm()
+    with flag:
+        out = gemm()
+    if out.grad_fn is not None:
+        out.grad_fn.register_prehook(lambda grad_outputs: flag.__enter__())
+        out.grad_fn.register_hook(lambda grad_inputs, grad_outputs: flag.__exit__())
+    return out
+
+
+def bmm(a: torch.Tensor, b: torch.Tensor, like_cudnn: bool | None = None) -> torch.Tensor:
+    """``torch.bmm(a, b)`` with the matmul TF32 flag set as cuDNN's, in the forward and in its
+    backward node (``like_cudnn``: default on CUDA only)."""
+    if like_cudnn is None:
+        like_cudnn = a.is_cuda
+    return _scoped(lambda: torch.bmm(a, b), _like_cudnn() if like_cudnn else None)
+
+
+def gemm(a: torch.Tensor, w: torch.Tensor, operands: str | None = None) -> torch.Tensor:
+    """``[N, M, K] @ [N, K, C_out]`` per run, in the convolution's precision (module docstring).
+
+    A lone run on the CPU (``N = 1``) is one ``torch.mm``, whose backward returns the weight's
+    gradient in the weight's own (transposed, channels-last) layout where ``bmm``'s would be
+    row-major, i.e. a copy per step when the gradient is accumulated into the parameter."""
+    if operands not in OPERANDS:
+        raise ValueError(f"operands must be one of {OPERANDS}; got {operands!r}")
+    if a.is_cuda:
+        return _scoped(lambda: torch.bmm(a, w), _like_cudnn())
+    flag = _bf16_operands() if operands == "bf16" and a.dtype == torch.float32 else None
+    if a.shape[0] == 1:
+        return _scoped(lambda: torch.mm(a.squeeze(0), w.squeeze(0)), flag).unsqueeze(0)   # views, not selects
+    return _scoped(lambda: torch.bmm(a, w), flag)
+
+
+def taps(size: int, k: int, stride: int, pad: int) -> tuple[int, int, int, int, int]:
+    """One axis of a convolution: (first tap that meets a pixel, taps kept, padding before and
+    after for the kept taps, output size). Tap ``t`` of output ``o`` reads input
+    ``o * stride - pad + t``; the taps that meet a pixel for some ``o`` form one range."""
+    out = (size + 2 * pad - k) // stride + 1
+    first, last = max(0, pad - (out - 1) * stride), min(k - 1, size - 1 + pad)
+    kept, before = last - first + 1, pad - first
+    after = max(0, (out - 1) * stride - before + kept - 1 - (size - 1))
+    return first, kept, before, after, out
+
+
+@functools.lru_cache(maxsize=64)
+def _gather_index(b: int, hp: int, wp: int, rk: int, ck: int, stride: tuple[int, int], ho: int,
+                  wo: int, device: torch.device) -> torch.Tensor:
+    """Row of each patch entry in the ``[B * H_p * W_p, C]`` pixel rows of a padded activation, in
+    im2col order ``(b, o_h, o_w, tap_h, tap_w)``: ``[B H_o W_o k_h k_w]`` (int64)."""
+    rows = (torch.arange(ho) * stride[0])[:, None] + torch.arange(rk)[None, :]      # [H_o, k_h]
+    cols = (torch.arange(wo) * stride[1])[:, None] + torch.arange(ck)[None, :]      # [W_o, k_w]
+    pixel = rows[:, None, :, None] * wp + cols[None, :, None, :]                       # [H_o, W_o, k_h, k_w]
+    first = torch.arange(b) * (hp * wp)
+    return (first[:, None, None, None, None] + pixel[None]).reshape(-1).to(device)
+
+
+def im2col(h: torch.Tensor, rk: int, ck: int, stride: tuple[int, int], ho: int, wo: int) -> torch.Tensor:
+    """Patches ``[N, B H_o W_o, k_h k_w C]`` of the padded ``h [N, B, H_p, W_p, C]`` (module
+    docstring: an index gather on the CPU, ``unfold`` on CUDA; a 1x1 tap at stride 1 is ``h``)."""
+    n, b, hp, wp, c = h.shape
+    if (rk, ck) == (1, 1) and (hp, wp) == (ho, wo):
+        return h.reshape(n, b * ho * wo, c)
+    if h.is_cuda:
+        patches = h.unfold(2, rk, stride[0]).unfold(3, ck, stride[1])
+        if patches.shape[2:4] != (ho, wo):   # slice only where needed: its backward fills a zero tensor
+            patches = patches[:, :, :ho, :wo]
+        return patches.permute(0, 1, 2, 3, 5, 6, 4).reshape(n, b * ho * wo, rk * ck * c)
+    index = _gather_index(b, hp, wp, rk, ck, tuple(stride), ho, wo, h.device)
+    pixels = h.reshape(n, b * hp * wp, c)
+    if n == 1:
+        return pixels.squeeze(0).index_select(0, index).view(1, b * ho * wo, rk * ck * c)
+    return pixels.index_select(1, index).view(n, b * ho * wo, rk * ck * c)
+
+
+class _KeptTaps(torch.autograd.Function):
+    """``weight[:, :, :, r0:r0 + rk, c0:c0 + ck]`` (a view) whose backward writes the gradient
+    into one zero tensor in the weight's own layout (two slices' backward would fill and copy
+    twice, row-major, and the channels-last parameter would copy it once more)."""
+
+    @staticmethod
+    def forward(ctx, weight, r0, rk, c0, ck):
+        ctx.save_for_backward(weight)   # for its layout only: nothing is copied
+        ctx.taps = (r0, rk, c0, ck)
+        return weight[:, :, :, r0:r0 + rk, c0:c0 + ck]
+
+    @staticmethod
+    def backward(ctx, grad):
+        (weight,), (r0, rk, c0, ck) = ctx.saved_tensors, ctx.taps
+        full = torch.zeros_like(weight)
+        full[:, :, :, r0:r0 + rk, c0:c0 + ck] = grad
+        return full, None, None, None, None
+
+
+def conv(h: torch.Tensor, weight: torch.Tensor, spec: Conv, operands: str | None = None) -> torch.Tensor:
+    """``h [N, B, H, W, C_in]`` (any strides) convolved per run with ``weight [N, C_out, C_in, k_h,
+    k_w]``: im2col of the taps that meet pixels, then one GEMM (:func:`gemm`, ``operands`` its
+    precision); ``[N, B, H_o, W_o, C_out]``."""
+    n, b, height, width, cin = h.shape
+    cout, kh, kw = weight.shape[1], weight.shape[3], weight.shape[4]
+    r0, rk, top, bottom, ho = taps(height, kh, spec.stride[0], spec.padding[0])
+    c0, ck, left, right, wo = taps(width, kw, spec.stride[1], spec.padding[1])
+    if top or bottom or left or right:
+        h = F.pad(h, (0, 0, left, right, top, bottom))
+    a = im2col(h, rk, ck, spec.stride, ho, wo)                                       # [N, M, K]
+    if (rk, ck) != (kh, kw):
+        weight = _KeptTaps.apply(weight, r0, rk, c0, ck)
+    w = weight.permute(0, 3, 4, 2, 1).reshape(n, rk * ck * cin, cout)   # a view for channels-last weights
+    return gemm(a, w, operands).view(n, b, ho, wo, cout)
+
+
+def _one_batch_norm(x: torch.Tensor, params: dict, buffers: dict, spec: Norm, training: bool) -> torch.Tensor:
+    """One run's BatchNorm of ``x [M, C]`` by torch's own kernel (``F.batch_norm``, one pass
+    forward and one backward), with ``nn.BatchNorm2d``'s bookkeeping of ``num_batches_tracked``."""
+    p = spec.prefix
+    momentum, tracked = spec.momentum, buffers.get(f"{p}.num_batches_tracked")
+    if training and tracked is not None:
+        tracked.add_(1)
+        if momentum is None:   # the cumulative average, as nn.BatchNorm2d computes its factor
+            momentum = 1.0 / float(tracked)
+    return F.batch_norm(x, buffers[f"{p}.running_mean"].squeeze(0), buffers[f"{p}.running_var"].squeeze(0),
+                        params[f"{p}.weight"].squeeze(0), params[f"{p}.bias"].squeeze(0), training,
+                        0.0 if momentum is None else momentum, spec.eps)
+
+
+def batch_norm(h: torch.Tensor, params: dict, buffers: dict, spec: Norm, training: bool) -> torch.Tensor:
+    """Per run and channel over ``(B, H, W)`` of ``h [N, B, H, W, C]`` (see the module docstring)."""
+    n, c = h.shape[0], h.shape[-1]
+    x = h.reshape(n, -1, c)
+    xs = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+    if n == 1:
+        return _one_batch_norm(xs.squeeze(0), params, buffers, spec, training).to(x.dtype).view(h.shape)
+    p = spec.prefix
+    running_mean, running_var = buffers[f"{p}.running_mean"], buffers[f"{p}.running_var"]
+    if training:
+        count = x.shape[1]
+        if count == 1:   # torch's own refusal, at the same place
+            raise ValueError(f"Expected more than 1 value per channel when training, got input size "
+                             f"{list(h.shape[1:])} per run")
+        var, mean = torch.var_mean(xs, dim=1, correction=0)                      # [N, C]
+        with torch.no_grad():
+            tracked = buffers.get(f"{p}.num_batches_tracked")
+            if tracked is not None:
+                tracked.add_(1)
+            m = spec.momentum if spec.momentum is not None else \
+                (1.0 / tracked.double()).to(running_mean.dtype)[:, None]
+            running_mean.copy_(m * mean + (1 - m) * running_mean)
+            running_var.copy_(m * (var * (count / (count - 1))) + (1 - m) * running_var)
+    else:
+        mean, var = running_mean, running_var
+    scale = torch.rsqrt(var + spec.eps) * params[f"{p}.weight"]
+    out = (xs - mean[:, None]) * scale[:, None] + params[f"{p}.bias"][:, None]
+    return out.to(x.dtype).view(h.shape)
+
+
+def max_pool(h: torch.Tensor, pool: dict) -> torch.Tensor:
+    """``F.max_pool2d`` per run and image on ``[N, B, H, W, C]`` (a channels-last view, no copy)."""
+    n, b, height, width, c = h.shape
+    y = F.max_pool2d(h.reshape(n * b, height, width, c).permute(0, 3, 1, 2), **pool)
+    return y.permute(0, 2, 3, 1).reshape(n, b, y.shape[2], y.shape[3], c)
+
+
+def forward(plan_: Plan, params: dict, buffers: dict, x: torch.Tensor,
+            training: bool | Mapping[str, bool], operands: str | None = None) -> torch.Tensor:
+    """Logits ``[N, B, K]`` of the N runs stored in ``params`` / ``buffers`` (stacked ``[N, ...]``,
+    keyed by the model's ``state_dict`` names) on ``x [N, B, C, H, W]``. ``training``: one mode
+    for every BatchNorm, or each BatchNorm's by its prefix (``{"bn1": True, ...}``); one in
+    training mode updates its runs' running statistics in place. ``operands``: the convolution
+    GEMMs' precision (:func:`gemm`)."""
+    if x.dim() != 5:
+        raise ValueError(f"mode='gemm' takes images [N, B, C, H, W]; got {tuple(x.shape)}")
+
+    def cbn(h, c: Conv, bn: Norm):
+        mode = training if isinstance(training, bool) else training[bn.prefix]
+        return batch_norm(conv(h, params[c.weight], c, operands), params, buffers, bn, mode)
+
+    h = torch.relu(cbn(x.permute(0, 1, 3, 4, 2), plan_.stem, plan_.stem_bn))   # run-major NHWC view
+    if plan_.pool is not None:
+        h = max_pool(h, plan_.pool)
+    for blk in plan_.blocks:
+        out = cbn(torch.relu(cbn(h, blk.conv1, blk.bn1)), blk.conv2, blk.bn2)
+        h = torch.relu(out + (h if blk.down is None else cbn(h, *blk.down)))
+    feats = h.mean(dim=(2, 3))                                                     # [N, B, C]
+    return torch.baddbmm(params[f"{plan_.fc}.bias"].unsqueeze(1), feats,
+                         params[f"{plan_.fc}.weight"].transpose(1, 2))

@@ -1,0 +1,72 @@
+r"""torchvision's ResNet with its convolutions as GEMMs: :class:`GemmResNet` (``model.conv_impl=gemm``).
+
+A lone run is a pack of one: the forward is :func:`models.gemm.forward` on the model's own
+parameters and buffers viewed as ``[1, ...]`` stacks, the code a GEMM pack runs (He et al.
+2016's ResNet, torchvision's modules unchanged). Only ``forward`` differs from torchvision's
+:class:`~torchvision.models.resnet.ResNet`: the submodules, parameter and buffer names and shapes
+are the same, so ``state_dict`` and checkpoints move between the two both ways, and a GEMM model
+initialised from the same seed draws the same weights. The convolution weights are kept
+channels-last (memory ``[C_out, k_h, k_w, C_in]``): the GEMM reads them in place and writes their
+gradients in place (:mod:`models.gemm`).
+
+Precision follows the caller: under ``torch.autocast("cpu", dtype=torch.bfloat16)``
+(``trainer.precision=bf16``) the convolution GEMMs take bf16 operands with float32 accumulation
+and outputs, and everything else (BatchNorm and its statistics, the head, the weights) stays
+float32; the logits are float32. On CUDA autocast applies as to any module.
+
+Example::
+
+    >>> import torch
+    >>> from torchvision.models.resnet import BasicBlock
+    >>> net = GemmResNet(BasicBlock, [2, 2, 2, 2], num_classes=2)
+    >>> net(torch.randn(4, 3, 32, 32)).shape
+    torch.Size([4, 2])
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torchvision.models.resnet import ResNet
+
+from lpmetrics.models import gemm
+
+
+def _bf16_autocast(x: torch.Tensor) -> bool:
+    kind = x.device.type
+    return kind == "cpu" and torch.is_autocast_enabled(kind) and torch.get_autocast_dtype(kind) == torch.bfloat16
+
+
+class GemmResNet(ResNet):
+    """:class:`~torchvision.models.resnet.ResNet` (BasicBlock) whose forward is the GEMM
+    convolution of :mod:`models.gemm`; built with ResNet's own arguments (module docstring).
+    Call :meth:`channels_last` after changing a convolution (the stem); the plan is read from the
+    modules at the first forward."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._gemm_plan: gemm.Plan | None = None
+        self.channels_last()
+
+    def channels_last(self) -> "GemmResNet":
+        """Convolution weights in channels-last memory (values, names and shapes unchanged)."""
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d):
+                m.weight.data = m.weight.data.contiguous(memory_format=torch.channels_last)
+        self._gemm_plan = None
+        return self
+
+    def _norm_modes(self) -> dict[str, bool]:
+        return {name: m.training for name, m in self.named_modules() if isinstance(m, nn.BatchNorm2d)}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() != 4:
+            raise ValueError(f"GemmResNet takes images [B, C, H, W]; got {tuple(x.shape)}")
+        if self._gemm_plan is None:
+            self._gemm_plan = gemm.plan(self)
+        params = {k: v.unsqueeze(0) for k, v in self.named_parameters()}
+        buffers = {k: v.unsqueeze(0) for k, v in self.named_buffers()}
+        if not _bf16_autocast(x):
+            return gemm.forward(self._gemm_plan, params, buffers, x.unsqueeze(0), self._norm_modes()).squeeze(0)
+        with torch.autocast("cpu", enabled=False):   # bf16 operands in the GEMMs only
+            return gemm.forward(self._gemm_plan, params, buffers, x.float().unsqueeze(0),
+                                self._norm_modes(), operands="bf16").squeeze(0)
