@@ -2,7 +2,7 @@ r"""Capture-safe solve of separable LPs: no host synchronisation in forward or b
 
 For ``A = diag(a)`` (a :class:`solver.DiagonalOperator`, no equality rows: the binary-AUC,
 one-vs-all and AUC_mu LPs of :mod:`objectives.pairwise`) the standard path
-(:func:`solver.solve.run_eps_loop`) spends its time not in arithmetic but in the host: every
+(:func:`solver.eps_loop.run_eps_loop`) spends its time not in arithmetic but in the host: every
 Newton step asks "is any LP still active?", the recovery asks "did every LP pass?", the eps loop
 asks "is the batch done?", and the finiteness check and the stats read tensors back.  On a GPU
 each question is a synchronisation and a launch gap, and a CUDA graph cannot contain one.
@@ -47,15 +47,16 @@ from __future__ import annotations
 import torch
 
 from lpmetrics.solver.capture_guess import solve_guess
+from lpmetrics.solver.eps_loop import merge_recovery
 from lpmetrics.solver.errors import LPInputError
 from lpmetrics.solver.implicit import active_set_output
 from lpmetrics.solver.linsolve import NewtonSystem, diag_scale
 from lpmetrics.solver.newton import after_step, diagonal_direction, diagonal_gradient
 from lpmetrics.solver.operators import DiagonalOperator
+from lpmetrics.solver.output import empty_solution
 from lpmetrics.solver.problem import build_problem
 from lpmetrics.solver.recover import recover
 from lpmetrics.solver.solution import LPSolution
-from lpmetrics.solver.solve import _merge, empty_solution
 
 METHOD = "diagonal"
 
@@ -113,7 +114,7 @@ def newton_fixed(prob, z, eps, *, delta, tol, iters, step_size, max_norm, update
 
 @torch.no_grad()
 def run_fixed(prob, opts):
-    """:func:`solver.solve.run_eps_loop` with fixed counts and masks (same returned dict)."""
+    """:func:`solver.eps_loop.run_eps_loop` with fixed counts and masks (same returned dict)."""
     B = prob.B
     delta = opts.delta * diag_scale(prob)
     eps = torch.full((B,), opts.eps, dtype=prob.dtype, device=prob.device)
@@ -135,7 +136,7 @@ def run_fixed(prob, opts):
         rec = recover(prob, z, eps, method=METHOD, active_tol=opts.active_tol,
                       cg_tol=opts.cg_tol, cg_max_iter=4 * opts.cg_max_iter,
                       accept_tol=opts.tol, fixed=True)
-        acc = _merge(acc, rec, todo)
+        acc = merge_recovery(acc, rec, todo)
         zp_acc = torch.where(todo.unsqueeze(-1), z, zp_acc)
         done = done | (todo & (rec.kkt <= opts.tol) & ~div)
         if stage < last:   # LPs that are done or diverged keep their eps
@@ -151,7 +152,7 @@ def run_fixed(prob, opts):
 
 def device_stats(prob, run, finite, method=METHOD):
     """``(stats, instance_stats)`` as device tensors: the batch's worst case (0-dim) and the
-    per-LP values, under the names of :func:`solver.solve._stats` plus ``diverged`` and
+    per-LP values, under the names of :func:`solver.output.run_stats` plus ``diverged`` and
     ``finite_input``; strings and sizes stay Python values (they are static)."""
     rec = run["rec"]
     per = {"iterations": run["iterations"], "converged": run["done"],

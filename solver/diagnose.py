@@ -6,16 +6,25 @@ r"""Why did a solve fail?  Infeasible, unbounded, or just not converged.
 * Unbounded: a feasible LP is unbounded iff adding a large box :math:`z \le R` changes it, i.e.
   iff every optimal dual of the boxed LP puts a positive multiplier on a box row.
 * Otherwise: not converged (tolerance, iterations, or conditioning).
+
+:func:`raise_or_warn` turns the diagnosis into the typed error (or, with ``on_fail="warn"``, a
+warning) that :func:`solver.solve_lp` gives its caller.
 """
 from __future__ import annotations
 
+import time
+import warnings
 from dataclasses import replace
 
 import torch
 
+from lpmetrics.solver.auto import time_limit_error
+from lpmetrics.solver.eps_loop import run_eps_loop
+from lpmetrics.solver.errors import LPNotConvergedWarning, LPSolverError
 from lpmetrics.solver.linsolve import choose_method, diag_scale
 from lpmetrics.solver.newton import newton_penalty
 from lpmetrics.solver.operators import DiagonalOperator
+from lpmetrics.solver.output import run_stats
 from lpmetrics.solver.problem import LPProblem
 from lpmetrics.solver.stacked import VStackOperator
 
@@ -51,7 +60,6 @@ def _phase1(prob, opts, method, deadline=None):
 
 
 def _boxed_unbounded(prob, opts, method, z1, deadline=None):
-    from lpmetrics.solver.solve import run_eps_loop  # local: solve imports this module
     R = 1e3 * (1.0 + z1.abs().amax(-1, keepdim=True)) * prob.h_scale.unsqueeze(-1)
     ones = torch.ones(prob.n, dtype=prob.dtype, device=prob.device)
     boxed = LPProblem(prob.c.detach(), VStackOperator([prob.A, DiagonalOperator(ones)]),
@@ -94,3 +102,19 @@ def explain(prob, opts, method, run, deadline=None):
             f"box rows z <= u in A), or check the sign of c (the solver minimises)."), idx
     idx = bad.nonzero().flatten().tolist()
     return "not_converged", not_converged_message(opts, run, idx), idx
+
+
+def raise_or_warn(work, opts, method, run, t0, deadline):
+    """A Newton run that left LPs unsolved: time limit, or diagnose (infeasible, unbounded,
+    not converged) and raise, or warn with ``on_fail="warn"``."""
+    stats, _ = run_stats(work, run, method, time.perf_counter() - t0)
+    if run.get("timed_out"):
+        raise time_limit_error(opts, run, stats)
+    kind, msg, bad = explain(work, opts, method, run, deadline) if opts.diagnose \
+        else ("not_converged", not_converged_message(opts, run), [])
+    if kind == "not_converged" and deadline is not None and time.perf_counter() > deadline:
+        raise time_limit_error(opts, run, stats)
+    if kind != "not_converged" or opts.on_fail == "raise":
+        raise LPSolverError(msg, kind=kind, stats=stats, instances=bad)
+    # (here, _solve_general, solve_lp, its caller: the warning names that caller's caller)
+    warnings.warn(msg, LPNotConvergedWarning, stacklevel=5)

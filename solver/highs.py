@@ -197,7 +197,7 @@ def _fail(kind, idx, detail):
 
 def highs_forward(prob, opts, method, deadline=None, only=None, start=None, solved=None):
     """Solve every LP of ``prob`` with HiGHS and recover the active set; returns the ``run``
-    dict that :func:`solver.solve.solve_lp` turns into an :class:`LPSolution`.
+    dict that :func:`solver.output.assemble` turns into an :class:`LPSolution`.
 
     ``only`` (``forward="auto"``'s hand-off): the batch indices HiGHS solves; every other LP
     keeps the vertex and multipliers of ``start`` (the Newton run's dict), and the whole batch

@@ -98,7 +98,7 @@ def solve(c, A, b, A_eq, b_eq, opts, backward: str, t0: float) -> LPSolution | N
 
 def certified_solution(c, data, ops, out, kind: str, *, iterations: int, method: str,
                        forward: str, penalty_z: torch.Tensor, t0: float) -> LPSolution:
-    """The fields :func:`solver.solve._solution` gives one certified vertex (``out``, from
+    """The fields :func:`solver.output.assemble` gives one certified vertex (``out``, from
     :func:`solver.square_active.certify`; ``kind``: its factor, "dense" or "sparse") of the LP
     ``data = (A, b, A_eq, b_eq)`` (``A`` / ``A_eq``: the matrices' differentiable data as
     :class:`solver.square_active._SquareVertex` reads them through the operators ``ops()``

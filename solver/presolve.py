@@ -1,7 +1,7 @@
 r"""Simple presolve before Newton: empty rows and columns, singleton equality rows (fixed
 variables).  Each reduction is an exact substitution, so the reduced LP has the same optimum;
 the backward is then taken on the LP as given with the full active set (the removed rows'
-zeros have derivatives of their own), :func:`solver.solve._solution`.
+zeros have derivatives of their own), :func:`solver.output.assemble`.
 
 * Empty row of ``A`` (``0 <= b_i``): dropped, multiplier 0; ``b_i < 0`` in some LP: that LP is
   infeasible (typed error naming it).  Empty row of ``A_eq``: dropped if ``b_eq = 0`` (to
@@ -154,7 +154,7 @@ def presolve(prob, tol=1e-9):
 
 def restore(prob, red, z, uA, uz, uE):
     """Map a reduced solution back (values only: the caller attaches the backward on the LP
-    as given, :func:`solver.solve._solution`)."""
+    as given, :func:`solver.output.assemble`)."""
     B, dev, dt = prob.B, prob.device, z.dtype
     z_full = red.fixed.to(dt).index_copy(1, red.cols.nonzero().flatten(), z)
     with torch.no_grad():
