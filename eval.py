@@ -18,7 +18,10 @@ authors' public code does (it never switches to ``eval()``); outputs then carry 
 suffix (``eval_test_bntrain.json``) so both readings can sit in one run folder.
 
 A ``last.pt`` that cannot be read falls back to ``last.prev.pt`` (the previous evaluation's
-checkpoint, which ``train.py`` keeps), with a note on stderr.
+checkpoint, which ``train.py`` keeps), with a note on stderr: the metrics are then of that step.
+A user's error (no such folder or checkpoint, a damaged one, data this machine lacks) ends as one
+line, ``eval.py: CheckpointError: ...``, and exit status 1; a damaged checkpoint is named as such,
+with the checkpoint to evaluate instead.
 
 The model and data are rebuilt from the checkpoint's resolved config (``RUN_DIR/.hydra/config.yaml``
 when the checkpoint has none) with the same builders as ``train.py``. Checkpoints are read with
@@ -31,7 +34,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import pickle
 import sys
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -41,37 +46,50 @@ from matplotlib.figure import Figure
 from omegaconf import DictConfig, OmegaConf
 from sklearn.metrics import roc_curve
 
+from lpmetrics.atomic import atomic_write, atomic_write_json
+from lpmetrics.data.errors import DamagedDatasetError, DatasetNotFoundError, SplitError
+from lpmetrics.errors import ConfigError
 from lpmetrics.run import runfolder
 from lpmetrics.run.targets import upgrade_targets
-from lpmetrics.atomic import atomic_write, atomic_write_json
 from lpmetrics.run.builders import build_model, config_from_checkpoint, predict, resolve_device
 from lpmetrics.metrics import auc_ova_per_class, evaluate, roc_scores
 
 SPLITS = ("test", "val")
+#: a user's errors (nothing to evaluate, a damaged or refused checkpoint, a config or data set this
+#: machine cannot use): :func:`main` prints their message as one line and exits with status 1
+USER_ERRORS = (runfolder.CheckpointError, ConfigError, DatasetNotFoundError, DamagedDatasetError,
+               SplitError)
 
 
 def find_checkpoint(run_dir: Path | None, checkpoint: str | Path | None) -> Path:
     """``checkpoint`` as given, else relative to ``run_dir``; default ``run_dir/last.pt``
-    (``run_dir/last.prev.pt`` when only that one exists)."""
+    (``run_dir/last.prev.pt`` when only that one exists).
+
+    Raises:
+        runfolder.CheckpointError: nothing to evaluate there (the message says what to pass)."""
     if checkpoint is not None:
         path = Path(checkpoint)
         if not path.is_file() and run_dir is not None and (run_dir / path).is_file():
             path = run_dir / path
         if not path.is_file():
-            raise FileNotFoundError(f"checkpoint {checkpoint} not found (also looked in {run_dir})")
+            where = f" (nor in {run_dir})" if run_dir is not None else ""
+            raise runfolder.CheckpointError(f"checkpoint {checkpoint} not found{where}: pass an "
+                                            "existing file, or a name inside RUN_DIR such as best.pt")
         return path
     if run_dir is None:
-        raise ValueError("give a run folder or --checkpoint PATH")
+        raise runfolder.CheckpointError("give a run folder or --checkpoint PATH")
     if not run_dir.is_dir():
-        raise FileNotFoundError(f"run folder {run_dir} does not exist (train.py prints its path)")
+        raise runfolder.CheckpointError(f"run folder {run_dir} does not exist: pass the folder "
+                                        "train.py printed (outputs/<date>/<time>_...)")
     path = run_dir / runfolder.LAST
     if not path.is_file() and (run_dir / runfolder.PREVIOUS).is_file():
         return run_dir / runfolder.PREVIOUS
     if not path.is_file():
         found = sorted(p.name for p in run_dir.glob("*.pt"))
-        raise FileNotFoundError(f"no last.pt in {run_dir} (checkpoints there: {found or 'none'}); "
-                                "the run may not have reached its first evaluation: "
-                                "pass --checkpoint PATH")
+        raise runfolder.CheckpointError(
+            f"no last.pt in {run_dir} (checkpoints there: {', '.join(found) or 'none'}): the run "
+            "may not have reached its first evaluation, or ran with trainer.checkpoints=false; "
+            "pass --checkpoint PATH")
     return path
 
 
@@ -79,32 +97,104 @@ def find_checkpoint(run_dir: Path | None, checkpoint: str | Path | None) -> Path
 OPT_IN = "eval.py --trust-checkpoint (evaluate_run: trust=True)"
 
 
+ZIP_MAGIC = b"PK\x03\x04"   # torch.save's container since torch 1.6
+PICKLE_MAGIC = b"\x80"       # a pickle's protocol opcode: the older torch.save format
+
+
+def damage(path: Path, err: BaseException) -> str:
+    """What is wrong with a checkpoint file that cannot be read, in plain words, judged from its
+    bytes (``err`` is what the reader raised).
+
+    Torch's own text for a file that is not a zip archive nor a pickle it reads advises re-running
+    ``torch.load`` with ``weights_only=False``: advice for a checkpoint of a trusted older source,
+    wrong for bytes that are simply corrupt (unpickling them in full reads nothing more and may run
+    code), so it is never relayed."""
+    if isinstance(err, (KeyError, ValueError)) and not isinstance(err, pickle.UnpicklingError):
+        return f"not a run's checkpoint: it {err.args[0] if err.args else err}"   # read_checkpoint's
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except OSError as io_err:
+        return f"cannot be read ({type(io_err).__name__}: {io_err.strerror or io_err})"
+    if size == 0:
+        return "empty (0 bytes)"
+    if head == ZIP_MAGIC:
+        if not zipfile.is_zipfile(path):
+            return (f"a checkpoint archive cut short ({size} bytes, no zip directory at its end): "
+                    "written or copied only in part")
+        first = str(err).splitlines()[0][:160] if str(err) else type(err).__name__
+        return f"a checkpoint archive with a damaged record ({type(err).__name__}: {first})"
+    if head[:1] == PICKLE_MAGIC:
+        return (f"an old-format (pickle) checkpoint that cannot be read ({size} bytes; "
+                f"{type(err).__name__}): cut short or corrupt")
+    return f"not a checkpoint: its {size} bytes are neither torch's zip archive nor a pickle"
+
+
+def read(path: Path, trust: bool = False) -> dict:
+    """The checkpoint at ``path`` (it must hold ``model``).
+
+    Raises:
+        runfolder.UnsafeCheckpointError: it needs more than a ``weights_only`` load and not ``trust``.
+        runfolder.CheckpointError: it cannot be read (the message names it and says why: :func:`damage`)."""
+    try:
+        return runfolder.read_checkpoint(path, "cpu", ("model",), trust, OPT_IN)
+    except runfolder.UnsafeCheckpointError:
+        raise
+    except Exception as err:  # truncated archive, bytes that are no pickle, a foreign object, ...
+        raise runfolder.CheckpointError(f"checkpoint {path} is damaged ({damage(path, err)})") from err
+
+
+def _what_else(folder: Path, bad: tuple[Path, ...]) -> str:
+    """What to do when ``bad`` cannot be evaluated: another checkpoint of the folder, else train again."""
+    others = sorted(p.name for p in folder.glob("*.pt") if p not in bad)
+    if others:
+        return f"evaluate another checkpoint of the run instead: --checkpoint {folder / others[0]}"
+    return ("no other checkpoint is there: train the run again (its config: "
+            f"{folder / '.hydra' / 'config.yaml'})")
+
+
 def open_checkpoint(run_dir: Path | None, checkpoint: str | Path | None,
                     trust: bool = False) -> tuple[Path, dict]:
     """``(path, checkpoint dict)``.  A ``run_dir`` that is a file is taken as the checkpoint
     (``python eval.py RUN/last.pt``).  The default ``last.pt`` falls back to ``last.prev.pt``
-    (with a note on stderr) when it cannot be read; a damaged checkpoint named explicitly raises
-    :class:`runfolder.CheckpointError` naming it; one that needs more than a ``weights_only``
-    load, :class:`runfolder.UnsafeCheckpointError` unless ``trust``."""
+    (with a note on stderr: the metrics are then of that earlier step) when it is missing or
+    cannot be read.
+
+    Raises:
+        runfolder.CheckpointError: nothing to evaluate, or the checkpoint named (or both of the
+            default's) damaged; the message names each file, why, and what to evaluate instead.
+        runfolder.UnsafeCheckpointError: the checkpoint needs more than a ``weights_only`` load
+            and not ``trust``."""
     if checkpoint is None and run_dir is not None and run_dir.is_file():
         run_dir, checkpoint = run_dir.parent, run_dir
     path = find_checkpoint(run_dir, checkpoint)
-    if checkpoint is None and path.parent == run_dir:
-        ckpt, path, note = runfolder.load_checkpoint(run_dir, required=("model",), trust=trust,
-                                                     opt_in=OPT_IN)
-        if note:
-            print(f"eval.py: {note}", file=sys.stderr)
-        return path, ckpt
+    previous = path.parent / runfolder.PREVIOUS
+    default = checkpoint is None
+    if default and path == previous:
+        print(f"eval.py: {run_dir / runfolder.LAST} does not exist; using the previous checkpoint "
+              f"{previous} instead", file=sys.stderr)
     try:
-        return path, runfolder.read_checkpoint(path, "cpu", ("model",), trust, OPT_IN)
+        return path, read(path, trust)
     except runfolder.UnsafeCheckpointError:
         raise
-    except Exception as err:
-        previous = path.parent / runfolder.PREVIOUS
-        hint = f"; evaluate the previous one instead: --checkpoint {previous}" \
-            if previous.is_file() and previous != path else ""
-        raise runfolder.CheckpointError(f"checkpoint {path} is damaged ({type(err).__name__}: "
-                                        f"{str(err).splitlines()[0][:200]}){hint}") from err
+    except runfolder.CheckpointError as err:
+        if path == previous or not previous.is_file():
+            raise runfolder.CheckpointError(f"{err}; {_what_else(path.parent, (path,))}") from err
+        if not default:
+            raise runfolder.CheckpointError(f"{err}; evaluate the previous one instead: "
+                                            f"--checkpoint {previous}") from err
+        damaged = err
+    try:
+        ckpt = read(previous, trust)
+    except runfolder.UnsafeCheckpointError:
+        raise
+    except runfolder.CheckpointError as err:
+        raise runfolder.CheckpointError(f"no usable checkpoint in {run_dir}: {damaged}; {err}; "
+                                        f"{_what_else(path.parent, (path, previous))}") from err
+    print(f"eval.py: {damaged}; using the previous checkpoint {previous} (step {ckpt.get('step')}) "
+          "instead: the metrics are of that step, not of the run's last evaluation", file=sys.stderr)
+    return previous, ckpt
 
 
 def load_config(ckpt: dict, run_dir: Path | None) -> DictConfig:
@@ -119,8 +209,8 @@ def _stored_config(ckpt: dict, run_dir: Path | None) -> DictConfig:
     hydra_cfg = run_dir / ".hydra" / "config.yaml" if run_dir is not None else None
     if hydra_cfg is None or not hydra_cfg.is_file():
         where = f"{hydra_cfg} does not exist" if hydra_cfg else "no run folder was given"
-        raise FileNotFoundError(f"the checkpoint holds no 'config' and {where}; "
-                                "pass the run folder that produced the checkpoint")
+        raise runfolder.CheckpointError(f"the checkpoint holds no 'config' and {where}; "
+                                        "pass the run folder that produced the checkpoint")
     return OmegaConf.load(hydra_cfg)
 
 
@@ -197,6 +287,8 @@ def evaluate_run(run_dir: str | Path | None, checkpoint: str | Path | None = Non
 
 
 def main(argv: list[str] | None = None) -> dict:
+    """The command line; a user error (:data:`USER_ERRORS`) ends as one line on stderr and exit
+    status 1."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run_dir", nargs="?", help="run folder written by train.py")
     parser.add_argument("--checkpoint", help="checkpoint path (or a name inside RUN_DIR, e.g. best.pt)")
@@ -215,8 +307,11 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     if args.run_dir is None and args.checkpoint is None:
         parser.error("give RUN_DIR or --checkpoint PATH")
-    record = evaluate_run(args.run_dir, args.checkpoint, args.split, args.out, args.device,
-                          args.bn_mode, args.batch_size, args.trust_checkpoint)
+    try:
+        record = evaluate_run(args.run_dir, args.checkpoint, args.split, args.out, args.device,
+                              args.bn_mode, args.batch_size, args.trust_checkpoint)
+    except USER_ERRORS as err:   # one line, as train.py reports its user errors; no traceback
+        raise SystemExit(f"eval.py: {type(err).__name__}: " + " ".join(str(err).split("\n"))) from err
     print(json.dumps(record["metrics"], indent=2))
     return record
 
