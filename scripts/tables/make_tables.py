@@ -55,7 +55,14 @@ Rules
    configured ``trainer.eval_bn=train`` keep rows of their own (the key is part of the protocol),
    with their own test numbers under either option.
 6. Everything found but not placed (no results.json, another task, metric missing, lr not
-   selected) is listed on stderr; if nothing can be placed the script exits with status 1.
+   selected) is listed on stderr; if nothing can be placed the script exits with status 1, as
+   for a folder that does not exist or a queue it cannot read: one line, ``make_tables: <type>:
+   <message>``, no traceback.
+7. Where a run ran (device, precision, the convolutions of its step) is no part of a protocol:
+   a CPU run and a GPU run of one protocol share a cell. Under the table a footnote names, per
+   cell, the devices and precisions of its runs wherever one of them is not a GPU in fp32
+   (results.json ``device``, ``provenance.device_name``, ``trainer.precision`` and the optional
+   step record ``cpu_step`` / ``conv_impl``); a table of GPU fp32 runs has no such line.
 """
 from __future__ import annotations
 
@@ -74,7 +81,8 @@ from lpmetrics.run.runfolder import ADDED_DEFAULTS  # keys added later, with the
 from lpmetrics.run.targets import short_targets
 from scripts.tables import queue_order
 from scripts.tables.paper_numbers import PAPER
-from scripts.tables.queue_cells import LEDGER_FILE, done_keys, expected_cells, find_queue, queued_labels, read_json, row_name
+from scripts.tables.queue_cells import (LEDGER_FILE, QueueFileError, done_keys, expected_cells, find_queue,
+                                        queued_labels, read_json, row_name)
 
 IGNORED = (  # config keys (and their sub-keys) that never define a protocol
     "seed",                     # the cell's sample axis: pooled, never split on
@@ -86,6 +94,7 @@ IGNORED = (  # config keys (and their sub-keys) that never define a protocol
     "trainer.checkpoints",      # whether best.pt / last.pt were written
     "trainer.bntrain_batch_size",   # the extra BN-train test evaluation (read with --bn train)
     "trainer.trust_checkpoint",     # whether an old pickled checkpoint may be loaded (not what it trains)
+    "model.conv_impl",          # torchvision's convolutions or the same network's as GEMMs: one model
 )
 COLUMN_PREFIXES = ("dataset.", "model.")  # may differ between columns, not inside one
 LR_KEY = "optimizer.lr"
@@ -105,6 +114,16 @@ BN = {"eval": None,
                "test_*); val, so the lr choice and best-val, stays in eval mode."}
 TEX = {"\\": "\\textbackslash{}", "_": "\\_", "%": "\\%", "&": "\\&", "#": "\\#", "{": "\\{", "}": "\\}",
        "$": "\\$", "±": "$\\pm$", "·": "$\\cdot$"}
+
+
+class NothingToPlaceError(ValueError):
+    """No run and no queued cell fits the table asked for (the lines logged before it say why
+    each run found was not placed)."""
+
+
+#: a user's errors (a folder that does not exist, nothing to place, a queue or ledger that cannot
+#: be read): :func:`main` prints the message as one line and exits with status 1
+USER_ERRORS = (FileNotFoundError, NothingToPlaceError, QueueFileError)
 
 
 @dataclass(frozen=True)
@@ -137,6 +156,9 @@ class Run:
     key: dict                 # protocol: config minus IGNORED and `where` keys (and lr unless rule none)
     label: str = ""
     commit: str = UNRECORDED  # code version (results.json provenance)
+    setup: str = ""           # device, precision, convolutions it ran with (run_setup)
+    plain: bool = True        # ... a GPU in fp32 with torchvision's convolutions, or unrecorded
+    device_name: str | None = None   # the CPU's or GPU's model (results.json provenance)
 
 
 @dataclass
@@ -188,6 +210,38 @@ def code_version(res: dict) -> str:
     prov = res.get("provenance") or {}
     commit = str(prov.get("git_commit") or UNRECORDED)
     return (commit[:7] if len(commit) == 40 else commit) + ("+dirty" if prov.get("git_dirty") else "")
+
+
+#: a run's convolutions when it names no other (torchvision's modules; ``auto`` chooses per machine)
+PLAIN_CONV = (None, "stock", "auto")
+
+
+def _step_record(res: dict, cfg: dict) -> tuple[str | None, str | None]:
+    """(convolutions, operand precision) of a run's step: its optional ``cpu_step`` / ``conv_impl``
+    record (a name, or a dict naming them), else the config's ``model.conv_impl``."""
+    rec = res.get("cpu_step", res.get("conv_impl"))
+    if isinstance(rec, dict):
+        conv = next((str(rec[k]) for k in ("conv_impl", "impl", "mode") if rec.get(k) is not None), None)
+        precision = next((str(rec[k]) for k in ("precision", "operands", "dtype") if rec.get(k) is not None), None)
+        return conv, precision
+    return (str(rec) if rec is not None else cfg.get("model.conv_impl")), None
+
+
+def run_setup(res: dict, cfg: dict) -> tuple[str, bool]:
+    """``(what a run ran on, whether that is the tables' plain case)``, e.g.
+    ``("cpu bf16, gemm convolutions", False)``. The plain case is a GPU in fp32 with torchvision's
+    convolutions; a run that did not record its device counts as plain (nothing to say). Read
+    from results.json: ``device`` (cpu, cuda, ...), the config's ``trainer.precision`` and the step
+    record (:func:`_step_record`, optional). None of these is part of a protocol (IGNORED): a CPU
+    and a GPU run of one protocol share a cell, and the table's footnote names the mix
+    (:func:`setups`)."""
+    device = res.get("device")
+    conv, operands = _step_record(res, cfg)
+    precision = operands or str(cfg.get("trainer.precision", "fp32"))
+    text = ((str(device).split(":")[0] if device else "device unrecorded") + f" {precision}"
+            + ("" if conv in PLAIN_CONV else f", {conv} convolutions"))
+    plain = not device or (str(device).startswith("cuda") and precision == "fp32" and conv in PLAIN_CONV)
+    return text, plain
 
 
 def _number(v) -> float | None:
@@ -280,8 +334,10 @@ def load(folders: list[Path], table: Table, lr_rule: str, log, select: str = "fi
             test = None if final.get(column) is None else 100 * final[column]
             if test is None:
                 unscored[column].append(path)
+            setup, plain = run_setup(res, cfg)
             runs.append(Run(path, name, where, cfg.get(LR_KEY), cfg.get("seed"), test, val, key,
-                            commit=code_version(res)))
+                            commit=code_version(res), setup=setup, plain=plain,
+                            device_name=(res.get("provenance") or {}).get("device_name")))
     for reason, bad in skipped.items():
         if bad:
             where = ", ".join(str(p.parent if p.name == "results.json" else p) for p in bad)
@@ -403,6 +459,29 @@ def code_versions(cells: list[Cell]) -> str:
                                          for v, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
+def setups(cells: list[Cell]) -> str:
+    """The footnote naming, per cell, the devices and precisions of its runs where any of them is
+    not the plain case (a GPU in fp32: :func:`run_setup`), then the device models of those runs;
+    ``""`` when none is, so a table of GPU fp32 runs prints as it always has. Cells with the same
+    mix are listed together ("every cell" when all cells with runs share one)."""
+    shown = [c for c in cells if c.runs]
+    groups: dict[str, list[Cell]] = defaultdict(list)
+    for c in shown:
+        if not all(r.plain for r in c.runs):
+            groups[" + ".join(sorted({r.setup for r in c.runs}))].append(c)
+    if not groups:
+        return ""
+    parts = [f"{mix}: " + ("every cell" if len(group) == len(shown) else
+                           ", ".join(f"{c.label} @ {where_text(c.where)}" for c in group))
+             for mix, group in sorted(groups.items())]
+    models: dict[str, set[str]] = defaultdict(set)
+    for group in groups.values():
+        for r in (r for c in group for r in c.runs):
+            models[r.setup.split(",")[0].rsplit(" ", 1)[0]].add(r.device_name or UNRECORDED)
+    return ("runs not on a GPU in fp32 (device, precision): " + "; ".join(parts) + " (models: "
+            + "; ".join(f"{kind} {', '.join(sorted(names))}" for kind, names in sorted(models.items())) + ")")
+
+
 def cell_text(c: Cell, lr_shown: bool, step_shown: bool) -> str:
     """``mean ± std (n=.., lr=.., step .., k pending)``, a dagger if its runs span code versions."""
     if not c.runs:
@@ -488,11 +567,14 @@ def render(cells: list[Cell], table: str, fmt: str, lr_caption: str, select: str
         return to_csv(cells, table)
     head, rows, notes = grid(cells, table, select, bn)
     notes.append(lr_caption + ".")
+    devices = setups(cells)
     if fmt == "markdown":
         return "\n".join(notes + ["", "| objective | " + " | ".join(head) + " |", "|---|" + "---:|" * len(head)]
                          + [f"| {label} | " + " | ".join(texts) + " |" for label, texts in rows]
-                         + ["", code_versions(cells) + "."])
+                         + ["", code_versions(cells) + "."] + [devices + "."] * bool(devices))
     notes.append(code_versions(cells) + ".")
+    if devices:
+        notes.append(devices + ".")
 
     def tex(s: str) -> str:  # the table needs \usepackage{booktabs}
         return re.sub(r"[\\_%&#{}$±·]", lambda m: TEX[m.group()], s)
@@ -504,6 +586,15 @@ def render(cells: list[Cell], table: str, fmt: str, lr_caption: str, select: str
 
 
 def main(argv: list[str] | None = None) -> str:
+    """The command line (:func:`run`): prints the table and returns its text; a user's error
+    (:data:`USER_ERRORS`) ends as one line, ``make_tables: <type>: <message>``, with exit status 1."""
+    try:
+        return run(argv)
+    except USER_ERRORS as err:
+        raise SystemExit(f"make_tables: {type(err).__name__}: {err}") from err
+
+
+def run(argv: list[str] | None = None) -> str:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("folders", nargs="+", type=Path, help="run folders or folders of run folders")
     ap.add_argument("--table", choices=list(TABLES), default="binary")
@@ -528,7 +619,7 @@ def main(argv: list[str] | None = None) -> str:
         print(f"make_tables: {msg}", file=sys.stderr)
     missing = [str(f) for f in args.folders if not f.exists()]
     if missing:
-        raise SystemExit(f"make_tables: no such folder: {', '.join(missing)}")
+        raise FileNotFoundError(f"no such folder: {', '.join(missing)}")
     spec = TABLES[args.table]
     queue_path = None if args.no_queue else (args.queue or find_queue(args.folders))
     queue = read_json(queue_path, "queue") if queue_path else None
@@ -549,8 +640,8 @@ def main(argv: list[str] | None = None) -> str:
             f"{sum(d for _, d in pending.values())} done")
     if not runs and not pending:
         needs = f"test_{spec.metric}" + ("" if args.lr_rule == "none" else f" and val_{spec.metric}")
-        raise SystemExit(f"make_tables: nothing to place in --table {args.table} (task={spec.task}, needs "
-                         f"{needs}); see the lines above")
+        raise NothingToPlaceError(f"nothing to place in --table {args.table} (task={spec.task}, needs "
+                                  f"{needs}); see the lines above")
     label_rows(runs, log)
     cells, lr_caption = select(runs, args.lr_rule, f"val_{spec.metric}", log) if runs else \
         ([], "lr: none selected yet (no run done)")
