@@ -22,6 +22,7 @@ from torch.utils.data import Dataset
 
 from lpmetrics.data.stream import gather
 from lpmetrics.errors import ConfigError
+from lpmetrics.models import conv_select
 
 
 def instantiate_runtime(cfg: DictConfig, **runtime: Any) -> Any:
@@ -53,8 +54,32 @@ def runtime_values(bundle) -> dict[str, Any]:
     }
 
 
-def build_model(cfg: DictConfig, bundle) -> nn.Module:
-    return instantiate_runtime(cfg.model, **runtime_values(bundle))
+def conv_path(cfg: DictConfig, bundle, device: torch.device | None = None) -> dict | None:
+    """The convolution path of the run's model (``model.conv_impl``; ``None`` for a model without
+    the key, e.g. ``model=mlp``): ``impl`` (``stock`` or ``gemm``, what :func:`build_model`
+    builds), ``requested``, ``precision``, ``why`` and the machine (CPU model, SIMD flags, torch,
+    threads). ``auto`` is this machine's choice (:func:`lpmetrics.models.conv_select.resolve`:
+    gated, timed, cached; stock off the CPU); it never changes ``trainer.precision``."""
+    requested = cfg.model.get("conv_impl") if "conv_impl" in cfg.model else None
+    if requested is None:
+        return None
+    precision = cfg.trainer.get("precision", "fp32")
+    if requested != "auto":
+        return {"impl": requested, "requested": requested, "precision": precision,
+                "why": f"model.conv_impl={requested}", **conv_select.machine()}
+    device = device if device is not None else resolve_device(cfg.device)
+    runtime = runtime_values(bundle)
+    record = conv_select.resolve(lambda impl: instantiate_runtime(cfg.model, **runtime, conv_impl=impl),
+                                 tuple(runtime["input_shape"]), runtime["num_classes"], cfg.trainer.batch_size,
+                                 precision, device, stem="cifar" if cfg.model.get("cifar_stem") else "imagenet")
+    return {**record, "requested": "auto"}
+
+
+def build_model(cfg: DictConfig, bundle, device: torch.device | None = None) -> nn.Module:
+    """The run's model; ``model.conv_impl=auto`` resolved for ``device`` (default: ``cfg.device``)
+    by :func:`conv_path`."""
+    path = conv_path(cfg, bundle, device)
+    return instantiate_runtime(cfg.model, **runtime_values(bundle), **({"conv_impl": path["impl"]} if path else {}))
 
 
 def resolve_device(name: str) -> torch.device:

@@ -53,6 +53,9 @@ class Run:
     #: draws batches; its position is checkpointed so a resumed run draws what the uninterrupted
     #: one would
     side_stream: Any = None
+    #: the model's convolution path (:func:`lpmetrics.run.builders.conv_path`): which one ran,
+    #: why, at what precision, on which CPU; ``None`` for a model without convolutions
+    conv: dict | None = None
 
     @property
     def primary(self) -> str:
@@ -130,6 +133,7 @@ class Run:
             "config": runfolder.portable_config(self.cfg, self.run_dir),
             "batch_stream": STREAM_VERSION,
             "provenance": provenance.record(self.device),   # code version and machine
+            "conv": self.conv,
             **extra,
         }
         if "val" not in self.eval_splits:

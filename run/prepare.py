@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from lpmetrics.data import build_data
 from lpmetrics.data.stream import STREAM_VERSION
 from lpmetrics.run import provenance, runfolder
-from lpmetrics.run.builders import build_model, built, instantiate_runtime, runtime_values
+from lpmetrics.run.builders import build_model, built, conv_path, instantiate_runtime, runtime_values
 from lpmetrics.run.job import Run
 from lpmetrics.run.resume import resume_from
 from lpmetrics.run.rng import seed_everything
@@ -51,11 +51,12 @@ def prepare_run(cfg: DictConfig, run_dir: Path, device: torch.device) -> tuple[R
     bundle = build_data(cfg.dataset, seed=cfg.seed)
     validate(cfg, bundle)
     runtime = runtime_values(bundle)
-    model = built("model", cfg, lambda: build_model(cfg, bundle)).to(device)
+    conv = conv_path(cfg, bundle, device)   # auto: this machine's choice (RNG untouched; cached)
+    model = built("model", cfg, lambda: build_model(cfg, bundle, device)).to(device)
     if cfg.trainer.get("init_from") and not cfg.resume:   # a resumed run has its own weights
         init_weights(model, Path(cfg.trainer.init_from), device, cfg.trainer.get("trust_checkpoint", False))
     objective = built("objective", cfg, lambda: instantiate_runtime(cfg.objective, **runtime)).to(device)
     launches = list(ckpt.get("launches", [])) if ckpt is not None else []
     hydra_files = (ckpt.get("hydra_files") if ckpt is not None else None) or runfolder.hydra_files(run_dir)
     return Run(cfg, run_dir, device, resolved, bundle, model, objective, launches + [launch],
-               hydra_files), ckpt
+               hydra_files, conv=conv), ckpt

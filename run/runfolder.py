@@ -264,6 +264,7 @@ ADDED_DEFAULTS = {
     "dataset.split": "paper",            # authors' split option; before it: the paper's
     "dataset.normalize": "per_channel",  # per-image option; before it: per channel
     "scheduler.stages": None,            # stage schedule option; before it: milestones
+    "model.conv_impl": "stock",          # GEMM convolution option; before it: torchvision's modules
 }
 
 

@@ -7,6 +7,7 @@ Each failure is a :class:`ConfigError` whose message names the key, the value an
 * ``trainer.max_steps``, ``eval_every``, ``batch_size``, ``eval_batch_size``, ``log_every`` are
   integers >= 1 (0 used to fail late with ``IndexError`` / ``ZeroDivisionError``);
   ``trainer.max_grad_norm`` is null or finite > 0; ``trainer.eval_bn`` is eval or train; ``trainer.precision`` fp32 or bf16;
+  ``model.conv_impl`` (where the model has it) stock, gemm or auto;
   ``trainer.checkpoints`` and ``trainer.trust_checkpoint`` booleans;
   ``trainer.init_from`` names an existing file; ``optimizer.lr`` is finite and >= 0;
 * ``seed`` is an integer; ``resume`` is false, true or force; ``dataset.task`` is binary or
@@ -39,6 +40,7 @@ TASKS = ("binary", "multiclass")
 RESUME_VALUES = (False, True, "force")
 POSITIVE_INTS = ("max_steps", "eval_every", "batch_size", "eval_batch_size", "log_every")
 PRECISIONS = ("fp32", "bf16")
+CONV_IMPLS = ("stock", "gemm", "auto")
 EXAMPLES = {"max_steps": 1000, "eval_every": 100, "batch_size": 64, "eval_batch_size": 512,
             "log_every": 50, "neg_keep": 0.1, "drop_rate": 0.9}
 
@@ -134,6 +136,11 @@ def static_problems(cfg: DictConfig) -> list[str]:
     if trainer.get("precision", "fp32") not in PRECISIONS:
         problems.append(f"trainer.precision={trainer.get('precision')!r} must be one of "
                         f"{', '.join(PRECISIONS)} (bf16: the model under torch.autocast)")
+    conv_impl = OmegaConf.select(cfg, "model.conv_impl")
+    if conv_impl is not None and conv_impl not in CONV_IMPLS:
+        problems.append(f"model.conv_impl={conv_impl!r} must be one of {', '.join(CONV_IMPLS)} (stock: "
+                        "torchvision's convolutions; gemm: the same network as GEMMs; auto: this "
+                        "machine's choice, gated and timed)")
     if not isinstance(trainer.get("checkpoints", True), bool):
         problems.append(f"trainer.checkpoints={trainer.get('checkpoints')!r} must be true or false")
     if not isinstance(trainer.get("trust_checkpoint", False), bool):
