@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-all install clean
+.PHONY: demo test test-all install docs lane clean
 
 # the pins, then this checkout as the editable package `lpmetrics` (pyproject.toml; --no-deps: the
 # pins above are the dependencies, --no-build-isolation: the pinned setuptools builds it offline)
@@ -29,5 +29,14 @@ test: $(STAMP)
 test-all: $(STAMP)
 	OMP_NUM_THREADS=$${OMP_NUM_THREADS:-1} $(PY) -m pytest -n $(TEST_WORKERS) -m ""
 
+# the API reference, rendered from the docstrings without importing the code (mkdocs.yml:
+# mkdocstrings' griffe reads the source), warnings as errors, into site/ (ignored)
+docs: $(STAMP)
+	$(PY) -m mkdocs build --strict --site-dir site
+
+# the CPU lane of the campaign (docs/reproducing.md): the headline cell's runs, one per core, in the background
+lane: $(STAMP)
+	$(PY) -m scripts.campaign cpu start
+
 clean:
-	rm -rf outputs multirun .pytest_cache
+	rm -rf outputs multirun .pytest_cache site
