@@ -287,8 +287,8 @@ def evaluate_run(run_dir: str | Path | None, checkpoint: str | Path | None = Non
 
 
 def main(argv: list[str] | None = None) -> dict:
-    """The command line; a user error (:data:`USER_ERRORS`) ends as one line on stderr and exit
-    status 1."""
+    """The command line's work: parse ``argv``, evaluate, print the metrics, return the record
+    (errors propagate, typed: :func:`cli` is the command line)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run_dir", nargs="?", help="run folder written by train.py")
     parser.add_argument("--checkpoint", help="checkpoint path (or a name inside RUN_DIR, e.g. best.pt)")
@@ -307,14 +307,21 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     if args.run_dir is None and args.checkpoint is None:
         parser.error("give RUN_DIR or --checkpoint PATH")
-    try:
-        record = evaluate_run(args.run_dir, args.checkpoint, args.split, args.out, args.device,
-                              args.bn_mode, args.batch_size, args.trust_checkpoint)
-    except USER_ERRORS as err:   # one line, as train.py reports its user errors; no traceback
-        raise SystemExit(f"eval.py: {type(err).__name__}: " + " ".join(str(err).split("\n"))) from err
+    record = evaluate_run(args.run_dir, args.checkpoint, args.split, args.out, args.device,
+                          args.bn_mode, args.batch_size, args.trust_checkpoint)
     print(json.dumps(record["metrics"], indent=2))
     return record
 
 
+def cli(argv: list[str] | None = None) -> dict:
+    """``python eval.py ...``: :func:`main`, with a user's error (:data:`USER_ERRORS`) ended as one
+    line on stderr, ``eval.py: <type>: <message>``, and exit status 1, as ``train.py`` reports its
+    own; any other error is a bug and keeps its traceback."""
+    try:
+        return main(argv)
+    except USER_ERRORS as err:
+        raise SystemExit(f"eval.py: {type(err).__name__}: " + " ".join(str(err).split("\n"))) from err
+
+
 if __name__ == "__main__":
-    main()
+    cli()

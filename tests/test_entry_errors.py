@@ -8,9 +8,10 @@ evaluate instead, never with torch's advice to load it with ``weights_only=False
 ``python -m scripts.tables.make_tables``: a folder that does not exist, nothing to place, an
 unreadable or missing ``queue.json``.
 
-The cases call ``main`` in the process (fast) and read the ``SystemExit`` it raises, which Python
-prints alone on stderr with exit status 1; one case per entry point runs the real command line in
-a subprocess and checks exactly that.
+The cases call the command line's function in the process (fast: ``eval.cli``,
+``make_tables.main``) and read the ``SystemExit`` it raises, which Python prints alone on stderr
+with exit status 1; one case per entry point runs the real command line in a subprocess and
+checks exactly that.
 """
 from __future__ import annotations
 
@@ -61,7 +62,7 @@ def cli(*args: str) -> subprocess.CompletedProcess:
 
 
 def evaluate(*args) -> str:
-    return one_line(lambda: ev.main([*map(str, args), "--device", "cpu"]))
+    return one_line(lambda: ev.cli([*map(str, args), "--device", "cpu"]))
 
 
 # ---- eval.py -----------------------------------------------------------------------------------
@@ -113,7 +114,7 @@ def test_eval_a_damaged_last_pt_named_explicitly_points_to_the_previous(run):
 def test_eval_falls_back_to_last_prev_with_eval_s_own_consequence(run, tmp_path, capsys):
     shutil.copy(run / "best.pt", run / "last.prev.pt")      # step 0
     (run / "last.pt").write_text("not a ck")
-    record = ev.main([str(run), "--device", "cpu", "--out", str(tmp_path / "ev")])
+    record = ev.cli([str(run), "--device", "cpu", "--out", str(tmp_path / "ev")])
     assert record["step"] == 0 and record["checkpoint"] == str(run / "last.prev.pt")
     note = capsys.readouterr().err.strip()
     assert note.startswith(f"eval.py: checkpoint {run / 'last.pt'} is damaged (not a checkpoint: its 8 bytes")
