@@ -198,6 +198,38 @@ def train_command(entry: dict, code: Path, run: LaneRun, resume: bool, extra: li
             *(["resume=true"] if resume else [])]
 
 
+def conv_override(entry: dict, code: Path, run: LaneRun, resume: bool, extra: list[str], log=print) -> list[str]:
+    """``model.conv_impl=<path>`` that keeps a run on one convolution path to its end, or nothing
+    (the code has no such key, or ``--set`` names it). A resumed run keeps the path its config
+    names (none: it began before the key existed, on torchvision's modules: ``stock``); a new run
+    gets the path ``auto`` chooses on this machine (:mod:`scripts.campaign.conv_choice`, run in
+    the code snapshot; recorded in ``lane.json``), passed explicitly so no later machine's
+    ``auto`` can move it. The key is no part of a protocol (``make_tables.IGNORED``)."""
+    if any(s.startswith("model.conv_impl=") for s in extra) or \
+            "conv_impl" not in (code / "configs" / "model" / "resnet18.yaml").read_text():
+        return []
+    if resume:
+        from omegaconf import OmegaConf
+        saved = run.folder / ".hydra" / "config.yaml"
+        model = OmegaConf.select(OmegaConf.load(saved), "model") if saved.is_file() else None
+        if model is None or ("conv_impl" not in model and "resnet" not in str(model.get("_target_"))):
+            return []   # a model without convolutions (model=mlp), or no config to read
+        return [f"model.conv_impl={model.get('conv_impl') or 'stock'}"]
+    cmd = [sys.executable, "-m", "scripts.campaign.conv_choice", f"experiment={entry['experiment']}",
+           *entry["overrides"], *extra]
+    proc = subprocess.run(["nice", "-n", "19", *cmd], cwd=code, env=train_env(), capture_output=True, text=True)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("CONV ")), None)
+    record = json.loads(line[5:]) if line else None
+    if line and record is None:
+        return []   # the run's model has no convolution path to choose (model=mlp)
+    if record is None:
+        log(f"lane: {entry['key']}: the convolution path could not be chosen ahead "
+            f"({(proc.stderr or '').strip()[-300:]}); the run's own config decides")
+        return []
+    run.info["conv"] = record
+    return [f"model.conv_impl={record['impl']}"]
+
+
 def train_env() -> dict[str, str]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "WANDB_MODE": "disabled",
            "PYTHONUNBUFFERED": "1"}
@@ -245,13 +277,15 @@ class Lane:
         step, _ = run.progress() if resume else (None, None)
         run.info.update(key=entry["key"], config_sha=entry["config_sha"], queue_version=self.queue["version"],
                         steps=entry["steps"])
-        run.info.setdefault("segments", []).append(
-            {"commit": commit, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-             "resumed_from_step": step if resume else 0, "overrides": self.extra})
-        run.save()
+        run.folder.mkdir(parents=True, exist_ok=True)
         lock = open(run.lock_path, "a+")
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        cmd = train_command(entry, code, run, resume, self.extra)
+        extra = [*self.extra, *conv_override(entry, code, run, resume, self.extra, self.log)]
+        run.info.setdefault("segments", []).append(
+            {"commit": commit, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+             "resumed_from_step": step if resume else 0, "overrides": extra})
+        run.save()
+        cmd = train_command(entry, code, run, resume, extra)
         with open(run.folder / "train.log", "ab") as out:
             out.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n".encode())
             out.flush()
