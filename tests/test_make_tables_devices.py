@@ -14,7 +14,8 @@ H100, EPYC = "NVIDIA H100 80GB HBM3", "AMD EPYC"
 def ran_on(folder: Path, device: str, name: str | None = None, precision: str | None = None,
            conv_impl: str | None = None, **record) -> Path:
     """Give a fake run the device records train.py writes (results.json ``device`` and
-    ``provenance.device_name``; the config's precision and conv_impl) and an optional step record."""
+    ``provenance.device_name``; the config's precision and conv_impl) and ``record`` (``conv``:
+    what ``model.conv_impl`` resolved to)."""
     path = folder / "results.json"
     res = json.loads(path.read_text())
     res["device"] = device
@@ -49,10 +50,10 @@ def test_gpu_fp32_runs_add_no_line(tmp_path, capsys):
     assert markdown(capsys, tmp_path)[-1] == "code versions: abc1234(2 runs)."
 
 
-def test_a_step_record_names_the_operand_precision_and_only_its_cell_is_listed(tmp_path, capsys):
+def test_the_conv_record_names_the_path_and_precision_and_only_its_cell_is_listed(tmp_path, capsys):
     ran_on(fake_run(tmp_path / "lp", seed=0), "cuda", H100)
-    ran_on(fake_run(tmp_path / "ce", objective="ce", seed=0), "cpu", None,
-           cpu_step={"conv_impl": "gemm", "precision": "bf16", "gate": "passed"})
+    ran_on(fake_run(tmp_path / "ce", objective="ce", seed=0), "cpu", None, conv_impl="auto",
+           conv={"impl": "gemm", "requested": "auto", "precision": "bf16", "why": "gated, faster"})
     ran_on(fake_run(tmp_path / "ppd_bf16", objective="ppd_sg", dataset="catdog", seed=0), "cuda", H100,
            precision="bf16")
     assert markdown(capsys, tmp_path)[-1] == (

@@ -61,8 +61,8 @@ Rules
 7. Where a run ran (device, precision, the convolutions of its step) is no part of a protocol:
    a CPU run and a GPU run of one protocol share a cell. Under the table a footnote names, per
    cell, the devices and precisions of its runs wherever one of them is not a GPU in fp32
-   (results.json ``device``, ``provenance.device_name``, ``trainer.precision`` and the optional
-   step record ``cpu_step`` / ``conv_impl``); a table of GPU fp32 runs has no such line.
+   (results.json ``device``, ``provenance.device_name``, ``trainer.precision`` and the ``conv``
+   record of ``model.conv_impl``); a table of GPU fp32 runs has no such line.
 """
 from __future__ import annotations
 
@@ -217,27 +217,26 @@ PLAIN_CONV = (None, "stock", "auto")
 
 
 def _step_record(res: dict, cfg: dict) -> tuple[str | None, str | None]:
-    """(convolutions, operand precision) of a run's step: its optional ``cpu_step`` / ``conv_impl``
-    record (a name, or a dict naming them), else the config's ``model.conv_impl``."""
-    rec = res.get("cpu_step", res.get("conv_impl"))
+    """(convolutions, precision) of a run's step from its results.json ``conv`` record (what
+    ``model.conv_impl`` resolved to: ``impl`` stock or gemm, and its ``precision``), else the
+    config's ``model.conv_impl`` (a run made before the record)."""
+    rec = res.get("conv")
     if isinstance(rec, dict):
-        conv = next((str(rec[k]) for k in ("conv_impl", "impl", "mode") if rec.get(k) is not None), None)
-        precision = next((str(rec[k]) for k in ("precision", "operands", "dtype") if rec.get(k) is not None), None)
-        return conv, precision
-    return (str(rec) if rec is not None else cfg.get("model.conv_impl")), None
+        return rec.get("impl"), rec.get("precision")
+    return cfg.get("model.conv_impl"), None
 
 
 def run_setup(res: dict, cfg: dict) -> tuple[str, bool]:
     """``(what a run ran on, whether that is the tables' plain case)``, e.g.
     ``("cpu bf16, gemm convolutions", False)``. The plain case is a GPU in fp32 with torchvision's
     convolutions; a run that did not record its device counts as plain (nothing to say). Read
-    from results.json: ``device`` (cpu, cuda, ...), the config's ``trainer.precision`` and the step
-    record (:func:`_step_record`, optional). None of these is part of a protocol (IGNORED): a CPU
+    from results.json: ``device`` (cpu, cuda, ...), the config's ``trainer.precision`` and the
+    ``conv`` record (:func:`_step_record`). None of these is part of a protocol (IGNORED): a CPU
     and a GPU run of one protocol share a cell, and the table's footnote names the mix
     (:func:`setups`)."""
     device = res.get("device")
-    conv, operands = _step_record(res, cfg)
-    precision = operands or str(cfg.get("trainer.precision", "fp32"))
+    conv, recorded = _step_record(res, cfg)
+    precision = recorded or str(cfg.get("trainer.precision", "fp32"))
     text = ((str(device).split(":")[0] if device else "device unrecorded") + f" {precision}"
             + ("" if conv in PLAIN_CONV else f", {conv} convolutions"))
     plain = not device or (str(device).startswith("cuda") and precision == "fp32" and conv in PLAIN_CONV)
