@@ -194,3 +194,16 @@ def test_an_entry_that_no_longer_composes_to_its_protocol_is_refused_with_its_ke
     out = capsys.readouterr().out
     assert "refused digits_nk0.1_ce_lr0.1_s0: composes to another protocol" in out
     assert not (lane_dir / "runs").exists()
+
+
+@pytest.mark.parametrize("model, expected", [
+    ({"_target_": "objectives.models.resnet.resnet18"}, ["model.conv_impl=stock"]),   # begun before the key
+    ({"_target_": "lpmetrics.models.resnet.resnet18", "conv_impl": "gemm"}, ["model.conv_impl=gemm"]),
+    ({"_target_": "lpmetrics.models.mlp.mlp"}, []),
+])
+def test_a_resumed_run_keeps_its_convolution_path(tmp_path, model, expected):
+    run = lane.LaneRun(tmp_path / "run")
+    (run.folder / ".hydra").mkdir(parents=True)
+    (run.folder / ".hydra" / "config.yaml").write_text(json.dumps({"model": model}))
+    assert lane.conv_override({"key": "k"}, ROOT, run, resume=True, extra=[]) == expected
+    assert lane.conv_override({"key": "k"}, ROOT, run, resume=True, extra=["model.conv_impl=stock"]) == []
