@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-all install docs lane clean
+.PHONY: demo test test-all install docs lane lane-status clean
 
 # the pins, then this checkout as the editable package `lpmetrics` (pyproject.toml; --no-deps: the
 # pins above are the dependencies, --no-build-isolation: the pinned setuptools builds it offline)
@@ -34,9 +34,13 @@ test-all: $(STAMP)
 docs: $(STAMP)
 	$(PY) -m mkdocs build --strict --site-dir site
 
-# the CPU lane of the campaign (docs/reproducing.md): the headline cell's runs, one per core, in the background
+# the CPU lane of the campaign (docs/reproducing.md): the headline cells' runs, one per core, in the
+# background (it outlives this make; run folders under ~/lpmetrics_lane); lane-status shows them
 lane: $(STAMP)
-	$(PY) -m scripts.campaign cpu start
+	$(PY) -m scripts.campaign cpu start --background
+
+lane-status: $(STAMP)
+	$(PY) -m scripts.campaign cpu status
 
 clean:
 	rm -rf outputs multirun .pytest_cache site
