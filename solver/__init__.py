@@ -8,6 +8,8 @@ for linear programming", JOTA 121; Mangasarian 2006, "Exact 1-norm support vecto
 via unconstrained convex differentiable minimization", JMLR 7; Meng et al. 2021, "Differentiable
 optimization of generalized nondecomposable functions using linear programs", NeurIPS.
 """
+if not __name__.startswith("lpmetrics."):   # one identity per class (lpmetrics/__init__.py)
+    raise ImportError(f"import lpmetrics.{__name__}, not the bare folder name {__name__!r}")
 from lpmetrics.solver.errors import (LPInputError, LPNotConvergedWarning, LPSolverError,
                            LPTimeLimitError, MPSFormatError)
 from lpmetrics.solver.layer import LPLayer
