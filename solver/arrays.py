@@ -3,7 +3,7 @@
 Some small computations run on the host in numpy where that is cheaper (a numpy op on a vector
 of ~64 entries costs a fraction of a torch dispatch) and in torch elsewhere (GPU, autograd):
 the KKT measures of a vertex (:func:`solver.recover.kkt_terms`, certified in numpy by
-:mod:`solver.square_active`) and the closed-form vertex of the ratio LPs
+:mod:`solver.backends.square_active`) and the closed-form vertex of the ratio LPs
 (:func:`objectives.fractional.box_vertex`).  The function takes ``xp = TORCH`` or ``NUMPY``
 and calls these, so the arithmetic is written once and is the same on both.
 """

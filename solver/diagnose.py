@@ -18,7 +18,7 @@ from dataclasses import replace
 
 import torch
 
-from lpmetrics.solver.auto import time_limit_error
+from lpmetrics.solver.backends.auto import time_limit_error
 from lpmetrics.solver.eps_loop import run_eps_loop
 from lpmetrics.solver.errors import LPNotConvergedWarning, LPSolverError
 from lpmetrics.solver.linsolve import choose_method, diag_scale

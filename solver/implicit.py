@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from lpmetrics.solver.square_active import SquareActiveLU, square_output
+from lpmetrics.solver.backends.square_active import SquareActiveLU, square_output
 from lpmetrics.solver.operators import DiagonalOperator
 
 

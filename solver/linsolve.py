@@ -13,7 +13,7 @@ Solvers (``method``):
   used where the active rows do not pin down a vertex.
 * ``"cg"``: batched Jacobi-preconditioned conjugate gradients, products only.
 * ``"sparse"``: ``K`` assembled as a sparse matrix on the host and factorised by SuperLU, one LP
-  at a time (:mod:`solver.sparse_factor`).
+  at a time (:mod:`solver.backends.sparse_factor`).
 
 Why SuperLU (``scipy.sparse.linalg.splu``) for ``"sparse"``: it ships inside the pinned scipy
 wheel (no new dependency, nothing to compile), and in symmetric mode (minimum-degree ordering of
@@ -27,7 +27,7 @@ option: with the Jacobi preconditioner it took 390 CG iterations per Newton step
 
 The minimum-norm solves of the recovery and the active-set backward (``pinv=True``) of a CPU
 LP with sparse ``A``/``A_eq``: when the active system is square and nonsingular they use one
-sparse LU of the active rows, ``K_T^{-1} = M^{-1} M^{-T}`` (:mod:`solver.active_lu`), whatever
+sparse LU of the active rows, ``K_T^{-1} = M^{-1} M^{-T}`` (:mod:`solver.backends.active_lu`), whatever
 ``method`` is (``"cholesky"``/``"sparse"``): ``K_T`` is dense as soon as one active row is,
 ``M`` never is; ``factor_kind`` (``stats["active_factor"]``) says which ran.
 
@@ -38,7 +38,7 @@ and the bound ``sum_i nnz(row_i)^2 / n^2`` on the density of ``K`` is below
 ``SPARSE_MAX_DENSITY`` with at most ``SPARSE_MAX_NNZ`` products (and the Newton iterations need
 no autograd; up to ``MAX_DENSE_ROWS`` dense rows of ``A`` and of ``A_eq``, e.g. a budget row
 ``1^T z <= s``, do not count: they enter the sparse solve as a low-rank update,
-:mod:`solver.sparse_factor`); else
+:mod:`solver.backends.sparse_factor`); else
 dense Cholesky up to ``n = 2048``; else CG.  ``stats["linear_solver"]``
 reports the choice.
 
@@ -49,9 +49,9 @@ from __future__ import annotations
 import torch
 
 from lpmetrics.solver.errors import LPInputError
-from lpmetrics.solver.scipy_ops import gram_nnz, row_counts
-from lpmetrics.solver import active_lu
-from lpmetrics.solver.sparse_factor import SparseFactors
+from lpmetrics.solver.backends.scipy_ops import gram_nnz, row_counts
+from lpmetrics.solver.backends import active_lu
+from lpmetrics.solver.backends.sparse_factor import SparseFactors
 
 # below this n the batched dense Cholesky is as fast (fwd+bwd of random sparse LPs, one
 # thread: n = 64 equal, n = 128 dense 75 ms vs sparse 57 ms, n = 256 224 vs 182 ms; n = 500
@@ -192,7 +192,7 @@ class NewtonSystem:
         self.cg_iterations = 0
         self._factor = None
         # the minimum-norm solves of a square active system of a sparse LP: sparse LU of the
-        # active rows (solver.active_lu) instead of the normal equations; tried on first solve
+        # active rows (solver.backends.active_lu) instead of the normal equations; tried on first solve
         self._lu = None if pinv and method in ("cholesky", "sparse") else False
         self.factor_kind = method
 

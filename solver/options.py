@@ -75,7 +75,7 @@ class SolverOptions:
     unrolled_eps_steps: int = 2
     # "newton": the penalty Newton method above (batched, CPU or GPU); "highs": scipy's HiGHS
     # solves each LP on the CPU and the same active-set backward differentiates it -- the
-    # faster exact forward for one large general LP (solver/highs.py); "auto": Newton, except
+    # faster exact forward for one large general LP (solver/backends/highs.py); "auto": Newton, except
     # that a general LP (dense or torch.sparse A) on the CPU that is large (n >= 256: there
     # Newton took 17-564x HiGHS's time on the random sparse LPs of results/solver/) goes to
     # HiGHS directly, and one that stalls, does not converge or runs past half of max_seconds
@@ -92,20 +92,20 @@ class SolverOptions:
     # that eps stage (it would spend the rest of max_iter there); forward="auto" hands it to
     # HiGHS.  Converging stages on the test LPs take 2-30 steps and improve every few steps
     stall_steps: int = 25
-    # Ruiz equilibration rounds before Newton (solver/scaling.py; 0: off) for dense and
+    # Ruiz equilibration rounds before Newton (solver/preprocess/scaling.py; 0: off) for dense and
     # torch.sparse A; mapped back exactly (primal, duals, backward).  Each round halves the
     # log-spread of the row and column norms; 10 leave them within 2% of 1 (8
     # decades of spread, tests/test_solver_scaling.py).  Not applied where a vertex_guess
     # certifies (no Newton step runs), to separable LPs, or with backward="unrolled" (whose
     # Jacobian is the penalty iterate's, which the scaling changes)
     equilibrate: int = 10
-    # simple presolve before Newton (solver/presolve.py): empty rows and columns, singleton
+    # simple presolve before Newton (solver/preprocess/presolve.py): empty rows and columns, singleton
     # equality rows (fixed variables); exact substitutions, mapped back with the duals and the
     # backward.  Same scope as equilibrate, and off with a warm_start (its z has the full n)
     presolve: bool = True
-    # capture-safe path (solver/capture.py) for separable LPs (A a DiagonalOperator, no
+    # capture-safe path (solver/capture/separable.py) for separable LPs (A a DiagonalOperator, no
     # equalities: the AUC-family LPs), and for a dense LP with a vertex_guess (the F-score family:
-    # the guess certified with device masks, solver/capture_guess.py): fixed shapes, fixed_iters Newton steps in each of
+    # the guess certified with device masks, solver/capture/guess.py): fixed shapes, fixed_iters Newton steps in each of
     # fixed_eps_stages eps stages, finished LPs masked (never changed again), no host sync in
     # forward or backward, so the solve runs under torch.compile(fullgraph=True) and inside a
     # CUDA graph.  Stats stay device tensors; a non-converged LP is flagged, never raised.

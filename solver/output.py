@@ -1,11 +1,11 @@
 r"""From a forward's ``run`` to the :class:`solver.LPSolution`: the backward attached, the LP
 mapped back, the diagnostics collected.
 
-Every forward (Newton's eps loop, :mod:`solver.eps_loop`; HiGHS, :mod:`solver.highs`;
+Every forward (Newton's eps loop, :mod:`solver.eps_loop`; HiGHS, :mod:`solver.backends.highs`;
 a certified ``vertex_guess``) ends in the same ``run`` dict, and :func:`assemble` turns it into
 the solution: the active-set backward (Meng et al. 2021, sec. 4.2; :func:`solver.implicit.active_set_output`)
 or the unrolled one (:func:`solver.implicit.unrolled_output`) attached to the vertex, the
-equilibration (:mod:`solver.scaling`) and presolve (:mod:`solver.presolve`)
+equilibration (:mod:`solver.preprocess.scaling`) and presolve (:mod:`solver.preprocess.presolve`)
 undone exactly, and the statistics a training run logs (:func:`run_stats`: iterations, KKT residual,
 primal infeasibility, dual residual, duality gap, active-set size, eps) read back in one
 host transfer.
@@ -18,7 +18,7 @@ import torch
 
 from lpmetrics.solver.implicit import active_set_output, unrolled_output
 from lpmetrics.solver.linsolve import NewtonSystem
-from lpmetrics.solver.presolve import restore, restore_masks
+from lpmetrics.solver.preprocess.presolve import restore, restore_masks
 from lpmetrics.solver.solution import LPSolution
 
 
@@ -60,8 +60,8 @@ def run_stats(prob, run, method, seconds, forward="newton"):
              "eps_steps": int(vals[8]),
              "linear_solver": method,
              # the recovery's / backward's K_T solver: "dense_lu" / "sparse_lu" (the square
-             # active system factorised on the host, solver.square_active), "active_lu" (its
-             # sparse LU inside the torch recovery, solver.active_lu) or the linear_solver's
+             # active system factorised on the host, solver.backends.square_active), "active_lu" (its
+             # sparse LU inside the torch recovery, solver.backends.active_lu) or the linear_solver's
              # least-squares path
              "active_factor": getattr(rec.system, "factor_kind", method),
              "forward": forward,
@@ -93,7 +93,7 @@ def empty_solution(prob, c, b, seconds: float, forward: str = "newton") -> LPSol
 
 def assemble(prob, work, sc, run, method, backward, out_dtype, forward, t0):
     """The :class:`LPSolution`: the forward's vertex with its backward attached, mapped back
-    from the equilibrated (:mod:`solver.scaling`) and presolved (:mod:`solver.presolve`) LP
+    from the equilibrated (:mod:`solver.preprocess.scaling`) and presolved (:mod:`solver.preprocess.presolve`) LP
     ``work`` where there was one."""
     rec, red = run["rec"], run.get("reduction")
     if backward == "unrolled":

@@ -104,7 +104,7 @@ def primal_terms(xp, z, rA, rE, c, h_scale, c_norm):
 def kkt_terms(xp, z, uA, uz, uE, rA, rE, stat, c, b, b_eq, h_scale, c_norm, primal=None):
     """``(primal_inf, dual_res, gap, value)`` from the residuals ``rA = A z - b``,
     ``rE = A_eq z - b_eq`` and the stationarity residual ``stat = c + A^T uA - uz + A_eq^T uE``;
-    ``xp``: ``TORCH`` or ``NUMPY`` (:mod:`solver.square_active` certifies on the host);
+    ``xp``: ``TORCH`` or ``NUMPY`` (:mod:`solver.backends.square_active` certifies on the host);
     ``primal``: :func:`primal_terms` of this ``z`` (then ``rA``, ``rE`` are not read)."""
     primal_inf, value, gap_scale = primal if primal is not None else \
         primal_terms(xp, z, rA, rE, c, h_scale, c_norm)
@@ -122,7 +122,7 @@ def _solve_active(prob, zp, wA, wz, method, cg_tol, cg_max_iter, refine=2):
     system = NewtonSystem(prob, wA, wz, torch.zeros_like(prob.c_scale), method, pinv=True,
                           cg_tol=cg_tol, cg_max_iter=cg_max_iter)
     z = zp - system.solve(prob.normal_residual(zp, wA, wz))
-    if system._lu:            # square active rows by LU (solver.active_lu): backward stable
+    if system._lu:            # square active rows by LU (solver.backends.active_lu): backward stable
         refine = min(refine, 1)
     if method != "diagonal":  # iterative refinement (normal equations; diagonal: exact)
         for _ in range(refine):

@@ -7,7 +7,7 @@ forward:
 
 0. with ``vertex_guess`` (a caller's closed-form vertex): certify it by one active-set solve and
    the KKT check of step 2 (on the host for a float64 CPU LP with a square active system:
-   :mod:`solver.square_active`); when every LP passes, steps 1-3 are skipped;
+   :mod:`solver.backends.square_active`); when every LP passes, steps 1-3 are skipped;
 1.-3. the eps rule (:mod:`solver.eps_loop`): generalized Newton on the exterior penalty
    (:mod:`solver.newton`), vertex recovery and KKT check (:mod:`solver.recover`), smaller eps
    until the check passes;
@@ -15,10 +15,10 @@ forward:
    (:mod:`solver.output`).
 
 Around it, for engineering reasons (each module says why): the capture-safe forms
-(:mod:`solver.capture`), the host shortcuts for one small CPU LP (:mod:`solver.host_guess`,
-:mod:`solver.host_highs`), HiGHS as the forward of a general CPU LP (:mod:`solver.highs`,
-chosen by :mod:`solver.auto`), presolve and equilibration (:mod:`solver.presolve`,
-:mod:`solver.scaling`) and the diagnosis of a failed solve (:mod:`solver.diagnose`).
+(:mod:`solver.capture`), the host shortcuts for one small CPU LP (:mod:`solver.backends.host_guess`,
+:mod:`solver.backends.host_highs`), HiGHS as the forward of a general CPU LP (:mod:`solver.backends.highs`,
+chosen by :mod:`solver.backends.auto`), presolve and equilibration (:mod:`solver.preprocess.presolve`,
+:mod:`solver.preprocess.scaling`) and the diagnosis of a failed solve (:mod:`solver.diagnose`).
 """
 from __future__ import annotations
 
@@ -26,21 +26,21 @@ import time
 
 import torch
 
-from lpmetrics.solver.auto import AUTO_NEWTON_SHARE, route
-from lpmetrics.solver.capture import solve_capture_safe
+from lpmetrics.solver.backends import host_guess, host_highs, square_active
+from lpmetrics.solver.backends.auto import AUTO_NEWTON_SHARE, route
+from lpmetrics.solver.backends.highs import check_call, highs_forward
+from lpmetrics.solver.capture.separable import solve_capture_safe
 from lpmetrics.solver.diagnose import raise_or_warn
 from lpmetrics.solver.eps_loop import initial_point, run_eps_loop
 from lpmetrics.solver.errors import LPInputError
-from lpmetrics.solver.highs import check_call, highs_forward
 from lpmetrics.solver.linsolve import choose_method
 from lpmetrics.solver.options import SolverOptions
 from lpmetrics.solver.output import assemble, empty_solution
+from lpmetrics.solver.preprocess.presolve import presolve
+from lpmetrics.solver.preprocess.scaling import ruiz_factors, scale_problem
 from lpmetrics.solver.problem import build_problem
 from lpmetrics.solver.recover import GUESS_TIGHT, recover_guess
-from lpmetrics.solver.presolve import presolve
-from lpmetrics.solver.scaling import ruiz_factors, scale_problem
 from lpmetrics.solver.solution import LPSolution
-from lpmetrics.solver import host_guess, host_highs, square_active
 
 BACKWARDS = ("active_set", "unrolled")
 
@@ -60,9 +60,9 @@ def solve_lp(c, A, b, A_eq=None, b_eq=None, *, backward: str = "active_set",
             or ``"unrolled"`` (autograd through the Newton iterations).
         **options: the fields of :class:`solver.options.SolverOptions`, each with its default's
             reason.  ``forward``: ``"newton"`` (batched, any device), ``"highs"`` (scipy's HiGHS
-            per LP on the CPU, active-set backward; :mod:`solver.highs`) or ``"auto"`` (Newton,
+            per LP on the CPU, active-set backward; :mod:`solver.backends.highs`) or ``"auto"`` (Newton,
             handing a general CPU LP that stalls, fails or runs out of time to HiGHS;
-            :mod:`solver.auto`).  ``capture_safe=True`` (separable LPs, or a dense LP with a
+            :mod:`solver.backends.auto`).  ``capture_safe=True`` (separable LPs, or a dense LP with a
             ``vertex_guess``) runs fixed counts with no host sync (:mod:`solver.capture`): its
             ``stats`` are device tensors and failures are flagged there, not raised.
 
@@ -102,7 +102,7 @@ def solve_lp(c, A, b, A_eq=None, b_eq=None, *, backward: str = "active_set",
 def _solve_general(c, A, b, A_eq, b_eq, opts, backward, t0, solved):
     """The batched route: build the problem, run its forward (Newton with or without a
     hand-off, or HiGHS), raise or warn where LPs are left unsolved, assemble the solution.
-    ``solved``: HiGHS's results that :mod:`solver.host_highs` computed and could not certify."""
+    ``solved``: HiGHS's results that :mod:`solver.backends.host_highs` computed and could not certify."""
     deadline = None if opts.max_seconds is None else t0 + opts.max_seconds
     prob, method, path = _problem(c, A, b, A_eq, b_eq, opts, backward)
     if prob.B == 0:
@@ -123,7 +123,7 @@ def _solve_general(c, A, b, A_eq, b_eq, opts, backward, t0, solved):
 def _problem(c, A, b, A_eq, b_eq, opts, backward):
     """``(prob, method, path)``: the batched problem (:func:`solver.problem.build_problem`), its
     linear solver (:func:`solver.linsolve.choose_method`; None for an empty batch) and its
-    forward (:func:`solver.auto.route`: ``"newton"``, ``"highs"`` or ``"auto"``)."""
+    forward (:func:`solver.backends.auto.route`: ``"newton"``, ``"highs"`` or ``"auto"``)."""
     path = route(c, A, A_eq, opts, backward)
     # HiGHS computes in float64: so does its recovery unless compute_dtype says otherwise
     prob = build_problem(c, A, b, A_eq, b_eq,
@@ -175,7 +175,7 @@ def run_from_guess(prob, opts, method):
 
 def _newton_forward(prob, opts, method, backward, path, t0, deadline):
     """Newton (after a ``vertex_guess``, if any), on the presolved and equilibrated LP where
-    :mod:`solver.presolve` / :mod:`solver.scaling` apply, with ``forward="auto"``'s hand-off
+    :mod:`solver.preprocess.presolve` / :mod:`solver.preprocess.scaling` apply, with ``forward="auto"``'s hand-off
     to HiGHS (``path == "auto"``).  Returns ``(work, scaling, run, forward)``: the LP the run
     describes (reduced / scaled or not; ``run["reduction"]`` says what presolve removed)."""
     if opts.vertex_guess is not None and backward != "unrolled":

@@ -2,7 +2,7 @@
 
 ``eval.py``: a run folder that does not exist, one with no checkpoint, ``--checkpoint`` naming no
 file, a checkpoint that is not one (8 bytes of text), a truncated one, both of a run's checkpoints
-damaged, and the fall back from a damaged ``last.pt`` to ``last.prev.pt`` (a note, with eval's
+damaged, data this machine lacks, and the fall back from a damaged ``last.pt`` to ``last.prev.pt`` (a note, with eval's
 consequence: the metrics are of that step). A damaged file is named as damaged with what to
 evaluate instead, never with torch's advice to load it with ``weights_only=False``.
 ``python -m scripts.tables.make_tables``: a folder that does not exist, nothing to place, an
@@ -22,6 +22,8 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+from omegaconf import OmegaConf
 
 import eval as ev
 from scripts.tables import make_tables
@@ -133,6 +135,17 @@ def test_eval_both_checkpoints_damaged_names_both(run):
     assert f"checkpoint {run / 'last.prev.pt'} is damaged (empty (0 bytes))" in msg
     assert msg.endswith("no other checkpoint is there: train the run again (its config: "
                         f"{run / '.hydra' / 'config.yaml'})")
+
+
+def test_eval_data_this_machine_lacks(run):
+    ckpt = torch.load(run / "last.pt", weights_only=True)
+    cifar = OmegaConf.load(ROOT / "configs" / "dataset" / "cifar10.yaml")
+    cifar.pop("defaults")
+    cifar.root = str(run / "no_data")
+    ckpt["config"]["dataset"] = OmegaConf.to_container(cifar)
+    torch.save(ckpt, run / "last.pt")
+    msg = evaluate(run)
+    assert msg.startswith("eval.py: DatasetNotFoundError: ") and str(run / "no_data") in msg
 
 
 def test_eval_command_line_prints_one_line_and_exits_1(run):

@@ -1,6 +1,6 @@
 """The capture-safe form of the ratio LP losses (``objective=f1_lp``; F-beta, Jaccard): the
 Charnes-Cooper LP with fixed shapes and its closed-form vertex certified on the device
-(:mod:`solver.capture_guess`), against the default path, HiGHS, the closed form and finite
+(:mod:`solver.capture.guess`), against the default path, HiGHS, the closed form and finite
 differences, in float64 on the CPU; no host sync in forward and backward, the same ops and
 shapes whatever the labels; and the solver piece itself against the standard certificate.
 """
@@ -239,7 +239,7 @@ def test_the_config_has_a_capture_safe_form(compose_cfg):
     assert instantiate(cfg.objective).capturable
 
 
-# ---- the solver piece (solver/capture_guess.py) on LPs that are no metric -------------------
+# ---- the solver piece (solver/capture/guess.py) on LPs that are no metric -------------------
 
 def random_lp(seed: int, B: int | None = None):
     """A random feasible, bounded LP with one equality row, its HiGHS vertex as the guess."""

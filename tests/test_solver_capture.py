@@ -1,4 +1,4 @@
-"""The capture-safe solver path (solver/capture.py) against the standard path, HiGHS, gradcheck,
+"""The capture-safe solver path (solver/capture/separable.py) against the standard path, HiGHS, gradcheck,
 and checks that forward + backward never synchronise with the host (float64, CPU)."""
 from __future__ import annotations
 

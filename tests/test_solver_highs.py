@@ -13,7 +13,7 @@ import torch
 
 from lpmetrics.solver import (DiagonalOperator, HStackOperator, LPInputError, LPLayer, LPSolverError,
                     SparseOperator, VStackOperator, solve_lp)
-from lpmetrics.solver.highs import check_call
+from lpmetrics.solver.backends.highs import check_call
 from tests.test_solver_oracle import (check_against_highs, constructed_lp, highs, random_lp,
                                       to_torch)
 

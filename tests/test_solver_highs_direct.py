@@ -1,5 +1,5 @@
 """``forward="highs"`` calls HiGHS through scipy's bindings, not ``linprog``'s wrapper
-(:func:`solver.highs._highs_direct`): same options, so the same vertex, duals,
+(:func:`solver.backends.highs._highs_direct`): same options, so the same vertex, duals,
 iteration count and status as ``scipy.optimize.linprog(method="highs")`` -- the oracle here --
 on random sparse and dense LPs with and without equalities, and on infeasible and unbounded
 ones."""
@@ -10,7 +10,7 @@ import pytest
 import scipy.sparse as sp
 from scipy.optimize import linprog
 
-from lpmetrics.solver import highs
+from lpmetrics.solver.backends import highs
 
 
 def random_lp(seed, n=60, m=50, p=2, dense=False):

@@ -1,4 +1,4 @@
-"""The host route for one small dense CPU LP with a ``vertex_guess`` (:mod:`solver.host_guess`)
+"""The host route for one small dense CPU LP with a ``vertex_guess`` (:mod:`solver.backends.host_guess`)
 gives what the general route gives: every field of the
 :class:`solver.LPSolution`, its statistics (but the time) and per-LP statistics, and every
 gradient, bit for bit, on planted LPs and on the ratio losses' LPs; it is taken where it
@@ -18,7 +18,8 @@ import torch
 import lpmetrics.solver.solve as solve_mod
 from lpmetrics.objectives.ratio import (F1LPLoss, FBetaLPLoss, JaccardLPLoss, PrecisionAtRecallLPLoss,
                               phi_of_logits)
-from lpmetrics.solver import LPInputError, host_guess, solve_lp
+from lpmetrics.solver import LPInputError, solve_lp
+from lpmetrics.solver.backends import host_guess
 from tests.test_solver_square_active import planted_lp
 
 f64 = torch.float64

@@ -1,4 +1,4 @@
-"""The host route for one sparse CPU LP with ``forward="highs"`` (:mod:`solver.host_highs`)
+"""The host route for one sparse CPU LP with ``forward="highs"`` (:mod:`solver.backends.host_highs`)
 gives what the general route gives: every field of the
 :class:`solver.LPSolution`, its statistics (but the time) and per-LP statistics, and every
 gradient, bit for bit; it is taken where it should be (the general route's problem builder is
@@ -19,9 +19,10 @@ from scipy.optimize import linprog
 from scipy.sparse.linalg import splu
 
 import lpmetrics.solver.solve as solve_mod
-from lpmetrics.solver import LPInputError, LPSolverError, highs, host_highs, solve_lp
-from lpmetrics.solver.active_lu import _diagonal, lu_of_arrays, nonsingular_lu
-from lpmetrics.solver.scipy_ops import HostCSR, csr_matvec
+from lpmetrics.solver import LPInputError, LPSolverError, solve_lp
+from lpmetrics.solver.backends import highs, host_highs
+from lpmetrics.solver.backends.active_lu import _diagonal, lu_of_arrays, nonsingular_lu
+from lpmetrics.solver.backends.scipy_ops import HostCSR, csr_matvec
 from tests.test_solver_host_guess import _both as _both_routes
 from tests.test_solver_host_guess import _compare, _same, _spy_general
 from tests.test_solver_sparse_recovery import budget_lp, csr
@@ -276,7 +277,7 @@ def _zero_row_lp(seed):
 @pytest.mark.parametrize("dense", [False, True])
 @pytest.mark.parametrize("seed", range(4))
 def test_void_rows_stay_out_of_the_square_system(monkeypatch, seed, dense):
-    from lpmetrics.solver import square_active
+    from lpmetrics.solver.backends import square_active
     c, A, b, E, be = _zero_row_lp(seed)
     mat = (lambda X: torch.tensor(X.toarray())) if dense else csr
 

@@ -1,4 +1,4 @@
-"""Presolve (``solver/presolve.py``): empty rows/columns and singleton equality rows removed,
+"""Presolve (``solver/preprocess/presolve.py``): empty rows/columns and singleton equality rows removed,
 the solution, duals and gradients mapped back; checked against HiGHS and with gradcheck."""
 import numpy as np
 import pytest

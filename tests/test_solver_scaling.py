@@ -1,4 +1,4 @@
-"""Equilibration (``solver/scaling.py``): badly scaled LPs against HiGHS over many seeds, the
+"""Equilibration (``solver/preprocess/scaling.py``): badly scaled LPs against HiGHS over many seeds, the
 primal/dual map back, and gradcheck in float64 with the scaling on."""
 import numpy as np
 import pytest
@@ -6,7 +6,7 @@ import torch
 
 from lpmetrics.solver import solve_lp
 from lpmetrics.solver.problem import build_problem
-from lpmetrics.solver.scaling import ruiz_factors
+from lpmetrics.solver.preprocess.scaling import ruiz_factors
 from tests.test_solver_oracle import constructed_lp, highs, to_torch
 
 D = torch.float64

@@ -129,7 +129,7 @@ def test_dense_rows_enter_as_a_low_rank_update(seed, equality):
     ``equality``: also a simplex row ``1^T z = s`` (and two sparse rows) in ``A_eq``."""
     from lpmetrics.solver.linsolve import NewtonSystem
     from lpmetrics.solver.problem import build_problem
-    from lpmetrics.solver.sparse_factor import _pattern
+    from lpmetrics.solver.backends.sparse_factor import _pattern
     rng = np.random.default_rng(seed)
     n = 120
     c, A, b = _budget_lp(rng, n, 121, dense_rows=1 + seed)
@@ -210,7 +210,7 @@ def test_many_dense_rows_at_the_default_delta(dense_rows):
 def test_row_counts_follow_an_index_changed_in_place():
     """The row counts cached on a ``SparseOperator`` are recounted when its index tensor is
     modified in place (a stale count once sent such an LP to the diagonal solver)."""
-    from lpmetrics.solver.scipy_ops import row_counts
+    from lpmetrics.solver.backends.scipy_ops import row_counts
     idx = torch.arange(5).repeat(2, 1)
     op = SparseOperator(idx.clone(), torch.ones(5, dtype=D), (5, 5))
     assert row_counts(op).tolist() == [1, 1, 1, 1, 1]
@@ -240,7 +240,7 @@ def test_a_dense_equality_row_enters_as_a_low_rank_update():
     ``A``: ``auto`` keeps the sparse solver (both rows in the low-rank part), and the vertex and
     gradients (w.r.t. ``b`` and ``b_eq``) are the dense path's and HiGHS's."""
     from lpmetrics.solver.problem import build_problem
-    from lpmetrics.solver.sparse_factor import _pattern
+    from lpmetrics.solver.backends.sparse_factor import _pattern
     rng = np.random.default_rng(2)
     n = 260
     c, A, b = _budget_lp(rng, n, 261, dense_rows=2)

@@ -1,5 +1,5 @@
-"""Sparse active-set recovery (:mod:`solver.active_lu` for Newton and float32,
-:mod:`solver.square_active` for HiGHS's float64 vertex): for a ``torch.sparse`` LP on the CPU
+"""Sparse active-set recovery (:mod:`solver.backends.active_lu` for Newton and float32,
+:mod:`solver.backends.square_active` for HiGHS's float64 vertex): for a ``torch.sparse`` LP on the CPU
 whose active system is square, the vertex and the backward use one sparse LU of the active rows
 -- never the (here dense) normal equations nor any dense ``[m, n]`` matrix.
 
@@ -38,7 +38,7 @@ def csr(A, dtype=torch.float64):
 
 
 # the K_T factor each forward uses on these LPs: HiGHS's float64 vertex is certified on the
-# host (solver.square_active, bound rows eliminated), Newton's through NewtonSystem
+# host (solver.backends.square_active, bound rows eliminated), Newton's through NewtonSystem
 FACTOR = {"highs": "sparse_lu", "newton": "active_lu"}
 
 
@@ -130,7 +130,7 @@ def test_host_recovery_equals_the_torch_recovery(seed, batched, monkeypatch):
     and gradients w.r.t. ``b`` and the sparse values, to roundoff.  ``batched``: two LPs with
     one pattern each (3-D indices), the values' gradient per LP; otherwise one ``A`` shared by
     two right-hand sides, its gradient summed over the batch."""
-    from lpmetrics.solver import square_active
+    from lpmetrics.solver.backends import square_active
     c, A, b = budget_lp(seed, n=30, m0=30, density=0.12)
     g = np.random.default_rng(100 + seed)
     coo = A.tocoo()

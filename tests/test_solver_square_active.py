@@ -1,4 +1,4 @@
-"""The host LU of a small dense LP's square active system (:mod:`solver.square_active`):
+"""The host LU of a small dense LP's square active system (:mod:`solver.backends.square_active`):
 a certified ``vertex_guess`` of a dense CPU LP is snapped, its multipliers and
 its backward taken from one LAPACK LU of ``M = [A_T; A_eq; -I_Z]``.
 
@@ -15,7 +15,7 @@ import torch
 from scipy.optimize import linprog
 
 from lpmetrics.solver import solve_lp
-from lpmetrics.solver import square_active
+from lpmetrics.solver.backends import square_active
 from lpmetrics.solver.recover import GUESS_TIGHT
 
 f64 = torch.float64

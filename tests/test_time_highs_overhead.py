@@ -2,7 +2,7 @@
 import importlib.util
 from pathlib import Path
 
-from lpmetrics.solver import host_highs, square_active
+from lpmetrics.solver.backends import host_highs, square_active
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,5 +1,5 @@
 """ms per forward + backward of the batch-64 binary-AUC LP: the standard solver path against the
-capture-safe one (``solve_lp(..., capture_safe=True)``, solver/capture.py), side by side in one
+capture-safe one (``solve_lp(..., capture_safe=True)``, solver/capture/separable.py), side by side in one
 process (interleaved rounds, median of each); on CUDA also the capture-safe step captured in a
 CUDA graph (``torch.cuda.graph``) and replayed.  ``--compile`` adds the capture-safe step
 compiled by inductor (``torch.compile(fullgraph=True)``, which only the capture-safe path allows:

@@ -7,10 +7,10 @@ Two measurements, one process, float64, one CPU thread:
   HiGHS solve and called again at once (``--probes`` solves), and the threads the process has
   (HiGHS's worker threads would show there);
 * **the pieces**: fwd+bwd of ``solve_lp(..., forward="highs")`` on a sparse CSR ``A`` (the host
-  route, :mod:`solver.host_highs`), each call right after HiGHS alone as ``time_sparse_lp.py
+  route, :mod:`solver.backends.host_highs`), each call right after HiGHS alone as ``time_sparse_lp.py
   --highs-core`` times it, with the route's steps timed from outside (their module functions
   wrapped: nothing in ``solver/`` is changed; "of which SuperLU" is the certificate's one sparse
-  LU, :func:`solver.active_lu.lu_of_arrays`); "rest of the forward" is what the forward spends
+  LU, :func:`solver.backends.active_lu.lu_of_arrays`); "rest of the forward" is what the forward spends
   outside those steps (``solve_lp``'s options and dispatch, the input checks, the host views).
   The ``b`` tensor is made before HiGHS runs and is not timed (``time_sparse_lp.py`` times it
   inside its call: ~0.15 ms).
@@ -30,14 +30,15 @@ import warnings
 import numpy as np
 import torch
 
-from lpmetrics.solver import highs, host_highs, solve_lp, square_active
+from lpmetrics.solver import solve_lp
+from lpmetrics.solver.backends import highs, host_highs, square_active
 from scripts.solver.time_sparse_lp import bench_family, random_sparse_lp, torch_csr
 
 warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
 warnings.filterwarnings("ignore", message="Sparse invariant checks")
 CASES = {"ones": lambda: random_sparse_lp(ones_row=True), "sparse": random_sparse_lp,
          "family500": lambda: bench_family(500), "family2000": lambda: bench_family(2000)}
-# the host route's steps, in call order (solver.host_highs.solve)
+# the host route's steps, in call order (solver.backends.host_highs.solve)
 STEPS = ("_csr", "_method", "solve_host", "certify", "certified_solution")
 
 

@@ -11,8 +11,8 @@
 
 * ``ones``: the ``sparse`` LP with its last random row replaced by a ones-row (budget
   ``1^T z <= s``; ``m = 1,001``): ``A^T W A`` is dense, so the active-set
-  recovery factorises the active rows by a sparse LU (``solver/active_lu.py`` for Newton;
-  ``solver/square_active.py`` for HiGHS's vertex).
+  recovery factorises the active rows by a sparse LU (``solver/backends/active_lu.py`` for Newton;
+  ``solver/backends/square_active.py`` for HiGHS's vertex).
 
 Each row times fwd+bwd (``(z * w).sum().backward()``; the forward alone with
 ``--forward-only``) of ``solve_lp`` under one ``linear_solver`` setting, the median of
@@ -25,13 +25,14 @@ Each row times fwd+bwd (``(z * w).sum().backward()``; the forward alone with
     OMP_NUM_THREADS=1 python -m scripts.solver.time_sparse_lp --cases ones,sparse --solvers "" \
         --highs-forward --without-lu --repeats 41   # forward='highs' + backward vs HiGHS
         [--highs-core]   # also vs HiGHS through scipy's bindings, without linprog's wrapper
-        [--general-route]  # and forward='highs' without solver.host_highs, vs the same core
+        [--general-route]  # and forward='highs' without solver.backends.host_highs, vs the same core
         [--forward-only]  # every row times the forward alone (no backward)
         [--fresh-inputs]  # c and A built as tensors inside each timed call (the old protocol)
 """
 from __future__ import annotations
 
 import argparse
+import importlib
 import statistics
 import sys
 import time
@@ -42,12 +43,23 @@ import scipy.sparse as sp
 import torch
 from scipy.optimize import linprog
 
-from lpmetrics.solver import active_lu, highs, solve_lp, square_active
+from lpmetrics.solver import solve_lp
 
-try:        # (absent before 2026-11-27: this script also times older checkouts, copied there)
-    from lpmetrics.solver import host_highs
-except ImportError:
-    host_highs = None
+
+def _backend(name: str):
+    """A forward backend's module, from ``solver/backends/`` or, in a checkout older than that
+    folder, from ``solver/`` (this script also times older checkouts, copied there); None where
+    the checkout has no such module (``host_highs`` before 2026-11-27)."""
+    for package in ("lpmetrics.solver.backends", "lpmetrics.solver"):
+        try:
+            return importlib.import_module(f"{package}.{name}")
+        except ModuleNotFoundError:
+            continue
+    return None
+
+
+active_lu, highs, square_active, host_highs = map(
+    _backend, ("active_lu", "highs", "square_active", "host_highs"))
 
 LU_MIN_N = active_lu.ACTIVE_LU_MIN_N
 HOST_ELIGIBLE = square_active.eligible
@@ -162,11 +174,11 @@ def main():
                          "(the normal-equations recovery it replaced)")
     ap.add_argument("--highs-core", action="store_true",
                     help="with --highs-forward: also divide by HiGHS called through scipy's "
-                         "bindings without linprog's wrapper (solver.highs._highs_direct, what "
+                         "bindings without linprog's wrapper (solver.backends.highs._highs_direct, what "
                          "forward='highs' calls), timed alternately")
     ap.add_argument("--general-route", action="store_true",
                     help="with --highs-forward --highs-core: also time forward='highs' through "
-                         "the general route (solver.host_highs switched off), against the core")
+                         "the general route (solver.backends.host_highs switched off), against the core")
     ap.add_argument("--fresh-inputs", action="store_true",
                     help="build c and A as tensors inside every timed call too (the protocol "
                          "before 2026-11-27 10:00 UTC; by default they are built once)")
@@ -206,11 +218,11 @@ def main():
             variants.append(("forward=highs, no LU", dict(forward="highs")))
         for label, kw in variants:
             # "no LU": the recovery's least-squares path (normal equations)
-            # (neither the host LU of solver.square_active nor the torch path's sparse LU)
+            # (neither the host LU of solver.backends.square_active nor the torch path's sparse LU)
             no_lu = label.endswith("no LU")
             active_lu.ACTIVE_LU_MIN_N = 10 ** 9 if no_lu else LU_MIN_N
             square_active.eligible = (lambda prob: None) if no_lu else HOST_ELIGIBLE
-            # "general route": the torch glue around HiGHS (solver.host_highs off), as before
+            # "general route": the torch glue around HiGHS (solver.backends.host_highs off), as before
             if host_highs is not None:
                 host_highs.ENABLED = not (no_lu or label.startswith("general route"))
             # HiGHS alone is timed again, interleaved with this variant: ratio under one load

@@ -16,7 +16,7 @@ Why a separate path: the torch recovery (:mod:`solver.recover`) forms or factori
 through :class:`solver.linsolve.NewtonSystem`, solves with it five times and recomputes
 residuals around each solve, every step a few torch dispatches.  On a small LP those
 dispatches were most of the time (the ratio LPs of :mod:`objectives.ratio`, ``n = batch + 1``,
-e.g. 65); behind HiGHS (``forward="highs"``, :mod:`solver.highs`) they were
+e.g. 65); behind HiGHS (``forward="highs"``, :mod:`solver.backends.highs`) they were
 most of what the exact forward added to HiGHS's own time.  Here ``M`` is
 gathered from the host copy of the data and factorised once per LP:
 
@@ -26,9 +26,9 @@ gathered from the host copy of the data and factorised once per LP:
   bound under which the Cholesky path (:func:`solver.linsolve._certified_cholesky`,
   ``cond(K_T) = cond(M)^2 <= 1e8``) factorises ``K_T``, far below where its eigen fallback
   would drop a direction, so both paths compute the same vertex, multipliers and backward;
-* ``kind="sparse"`` (``A`` / ``A_eq`` with no dense block, :func:`solver.scipy_ops.row_counts`):
+* ``kind="sparse"`` (``A`` / ``A_eq`` with no dense block, :func:`solver.backends.scipy_ops.row_counts`):
   the active bounds eliminated first, SuperLU of the free columns of the active rows only
-  (:func:`sparse_factor`), with the pivot rule of :mod:`solver.active_lu`, whose LU of the whole
+  (:func:`sparse_factor`), with the pivot rule of :mod:`solver.backends.active_lu`, whose LU of the whole
   ``M`` the torch recovery uses on the same LPs: the same vertex, multipliers and gradients
   (``tests/test_solver_sparse_recovery.py``: to 1e-9 relative); nothing is densified.
 
@@ -36,7 +36,7 @@ Otherwise (a degenerate vertex with more tight rows than ``n``, fewer rows, a si
 ill-conditioned ``M``, a point that fails the KKT check, GPU, float32 or other operators, a
 large dense batch) :func:`recover` returns ``None`` and the caller runs the torch path from the
 start, so results never depend on this one.  Used for a ``vertex_guess`` (the ratio losses'
-closed form, :func:`solver.solve.run_from_guess`) and for HiGHS's vertex (:mod:`solver.highs`).
+closed form, :func:`solver.solve.run_from_guess`) and for HiGHS's vertex (:mod:`solver.backends.highs`).
 """
 from __future__ import annotations
 
@@ -47,11 +47,11 @@ import numpy as np
 import torch
 from scipy.linalg import lapack
 
-from lpmetrics.solver.active_lu import lu_of_arrays, stacked_rows
+from lpmetrics.solver.backends.active_lu import lu_of_arrays, stacked_rows
 from lpmetrics.solver.arrays import NUMPY
 from lpmetrics.solver.linsolve import _CHOL_COND_MAX
 from lpmetrics.solver.operators import DenseOperator, SparseOperator
-from lpmetrics.solver.scipy_ops import HostCSR, csr_matvec, host_matrix, row_counts
+from lpmetrics.solver.backends.scipy_ops import HostCSR, csr_matvec, host_matrix, row_counts
 
 # the host LU is O(n^3) like the dense normal equations it replaces; above this n a sparse or
 # iterative path is the better choice anyway
@@ -142,7 +142,7 @@ def sparse_factor(A_i, E_i, rows, bnds):
     :math:`\lambda_S = R^{-\top} r_F`, :math:`\lambda_Z = (S^\top \lambda_S)_Z - r_Z`.
     On the n = 500 LP of ``scripts/solver/time_sparse_lp.py`` (307 active bounds) ``R`` has 487 nonzeros
     against ``M``'s 1,274 and its LU is several times faster.  The pivot rule is
-    :mod:`solver.active_lu`'s, applied to ``R``."""
+    :mod:`solver.backends.active_lu`'s, applied to ``R``."""
     n = A_i.shape[1]
     data, cols, lens = stacked_rows(A_i, E_i, rows)
     k = lens.size
@@ -188,7 +188,7 @@ def _rmatvec(X, y):
 
 def _lp_data(prob, kind, i):
     """``(A_i, E_i)`` of LP ``i`` on the host: numpy arrays (dense) or CSR matrices (sparse,
-    :func:`solver.scipy_ops.host_matrix`, cached on the problem)."""
+    :func:`solver.backends.scipy_ops.host_matrix`, cached on the problem)."""
     if kind == "dense":
         A = _host(prob.A.A)
         E = None if prob.A_eq is None else _host(prob.A_eq.A)

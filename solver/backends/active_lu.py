@@ -25,7 +25,7 @@ import scipy.sparse as sp
 import torch
 from scipy.sparse.linalg import splu
 
-from lpmetrics.solver.scipy_ops import HostCSR, host_matrix, row_counts
+from lpmetrics.solver.backends.scipy_ops import HostCSR, host_matrix, row_counts
 
 try:    # SuperLU as splu calls it (pinned scipy), without building a matrix for A and for U
     from scipy.sparse.linalg._dsolve._superlu import gstrf as _gstrf
@@ -119,7 +119,7 @@ def active_rows(prob, i, rows):
 
 def stacked_rows(A, E, rows):
     """``[A[rows]; E]`` (``E``: ``None`` for no equality rows) of the CSR matrices ``A``, ``E``
-    (scipy or :class:`solver.scipy_ops.HostCSR`) as CSR arrays ``(data, indices, row
+    (scipy or :class:`solver.backends.scipy_ops.HostCSR`) as CSR arrays ``(data, indices, row
     lengths)``."""
     blocks = [(_csr(A), rows)]
     if E is not None:

@@ -21,7 +21,7 @@ from ``z = 0``).  Such an LP is flagged, not raised, and its result is the snapp
 ``stats["converged"]`` (0-dim) and ``instance_stats["converged"]`` are false there, a device
 tensor the caller records (:meth:`objectives.base.Objective.record_where`).  Where every LP
 certifies, the standard path returns the same vertex from the same ``T`` (its host LU of the
-square ``[A_T; A_eq; -I_Z]``, :mod:`solver.square_active`, or the normal equations of
+square ``[A_T; A_eq; -I_Z]``, :mod:`solver.backends.square_active`, or the normal equations of
 :mod:`solver.recover`), so vertex, value, multipliers and gradient agree to roundoff
 (``tests/test_objectives_capture_f1.py``: 1e-10 in float64).
 
@@ -51,7 +51,7 @@ METHOD = "cholesky"
 
 
 def check_guess_call(prob, opts) -> None:
-    """What this path needs beyond :func:`solver.capture.check_capture_call`'s common checks."""
+    """What this path needs beyond :func:`solver.capture.separable.check_capture_call`'s common checks."""
     ops = [op for op in (prob.A, prob.A_eq) if op is not None]
     if not all(type(op) is DenseOperator for op in ops):
         raise LPInputError(f"capture_safe=True with a vertex_guess certifies LPs with a dense A "
@@ -130,7 +130,7 @@ def certify_fixed(prob, x, tol):
 def solve_guess(prob, c, opts, finite) -> LPSolution:
     """:func:`solver.solve_lp` with ``capture_safe=True`` and a ``vertex_guess`` on a general
     LP (see the module docstring); ``finite``: the 0-dim device flag of finite data."""
-    from lpmetrics.solver.capture import device_stats   # (it imports this module)
+    from lpmetrics.solver.capture.separable import device_stats   # (it imports this module)
     check_guess_call(prob, opts)
     x = opts.vertex_guess.detach().to(prob.dtype).reshape(-1, prob.n).expand(prob.B, prob.n)
     good = torch.isfinite(x).all(-1)

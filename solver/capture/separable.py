@@ -29,7 +29,7 @@ question answered on the device:
 
 A general LP (dense ``A``, equality rows) has no fixed-count Newton here: with a
 ``vertex_guess`` (a caller's closed-form vertex) it is certified with device masks instead
-(:mod:`solver.capture_guess`); without one it is refused.
+(:mod:`solver.capture.guess`); without one it is refused.
 
 Example::
 
@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import torch
 
-from lpmetrics.solver.capture_guess import solve_guess
+from lpmetrics.solver.capture.guess import solve_guess
 from lpmetrics.solver.eps_loop import merge_recovery
 from lpmetrics.solver.errors import LPInputError
 from lpmetrics.solver.implicit import active_set_output
@@ -68,7 +68,7 @@ def check_capture_call(prob, opts, backward: str) -> None:
         raise LPInputError(
             f"capture_safe=True solves separable LPs (A a solver.DiagonalOperator, no "
             f"equality rows: the AUC-family LPs) by fixed-count Newton, and certifies a "
-            f"vertex_guess of a dense LP (solver.capture_guess); got A={prob.A!r}"
+            f"vertex_guess of a dense LP (solver.capture.guess); got A={prob.A!r}"
             f"{' with equalities' if prob.A_eq is not None else ''} and no vertex_guess. "
             f"Pass vertex_guess or use capture_safe=False.")
     bad = [name for name, off in (("backward='unrolled'", backward == "active_set"),

@@ -2,14 +2,14 @@ r"""One small dense float64 CPU LP with a ``vertex_guess``, certified end to end
 
 :func:`solver.solve_lp`'s general route for a ``vertex_guess`` builds the batched problem
 (:func:`solver.problem.build_problem`: checks, flattening, the scales ``c_hat``, ``h_scale`` as
-torch ops), certifies the guess on the host (:func:`solver.square_active.recover`) and assembles
+torch ops), certifies the guess on the host (:func:`solver.backends.square_active.recover`) and assembles
 the solution, its statistics and its per-LP statistics from torch tensors.  For one LP of the
 size the ratio losses solve every step (:mod:`objectives.ratio`: ``n = batch + 1``, e.g. 65)
 those ~60 torch dispatches cost more than the certificate itself (one LAPACK LU and a few
 products).  :func:`solve` takes the same steps with the host arrays, in the same order and
-with the same functions where there is arithmetic (:func:`solver.square_active.certify`, the
+with the same functions where there is arithmetic (:func:`solver.backends.square_active.certify`, the
 KKT measures of :func:`solver.recover.kkt_terms`, the backward
-:class:`solver.square_active._SquareVertex`), so every field of its
+:class:`solver.backends.square_active._SquareVertex`), so every field of its
 :class:`solver.LPSolution` and every gradient equals the general route's
 (``tests/test_solver_host_guess.py`` compares them field by field, to the bit).
 
@@ -31,7 +31,7 @@ import torch
 from lpmetrics.solver.operators import DenseOperator
 from lpmetrics.solver.recover import GUESS_TIGHT
 from lpmetrics.solver.solution import LazyStats, LPSolution
-from lpmetrics.solver.square_active import (DENSE_LU_MAX_N, HostLP, _SquareVertex, _host, certify,
+from lpmetrics.solver.backends.square_active import (DENSE_LU_MAX_N, HostLP, _SquareVertex, _host, certify,
                                   dense_factor)
 
 # tests switch it off to compare with the general route
@@ -99,11 +99,11 @@ def solve(c, A, b, A_eq, b_eq, opts, backward: str, t0: float) -> LPSolution | N
 def certified_solution(c, data, ops, out, kind: str, *, iterations: int, method: str,
                        forward: str, penalty_z: torch.Tensor, t0: float) -> LPSolution:
     """The fields :func:`solver.output.assemble` gives one certified vertex (``out``, from
-    :func:`solver.square_active.certify`; ``kind``: its factor, "dense" or "sparse") of the LP
+    :func:`solver.backends.square_active.certify`; ``kind``: its factor, "dense" or "sparse") of the LP
     ``data = (A, b, A_eq, b_eq)`` (``A`` / ``A_eq``: the matrices' differentiable data as
-    :class:`solver.square_active._SquareVertex` reads them through the operators ``ops()``
+    :class:`solver.backends.square_active._SquareVertex` reads them through the operators ``ops()``
     makes, or ``None`` where they are constant), with the statistics of a ``forward`` run of ``iterations`` steps and
-    linear solver ``method``.  Shared by this module and :mod:`solver.host_highs`."""
+    linear solver ``method``.  Shared by this module and :mod:`solver.backends.host_highs`."""
     t = torch.from_numpy
     A, b, A_eq, b_eq = data
     m, p = out.tA.shape[1], 0 if out.uE is None else out.uE.shape[1]

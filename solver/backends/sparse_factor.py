@@ -1,7 +1,7 @@
 r"""``method="sparse"``: the Newton system factorised as a sparse matrix, one LP at a time.
 
 ``K = A^\top W_A A + \operatorname{diag}(w_z + \delta) + A_{eq}^\top A_{eq}`` is assembled
-from the host copy of ``A`` (:func:`solver.scipy_ops.to_scipy`; rows with ``w_A = 0`` are
+from the host copy of ``A`` (:func:`solver.backends.scipy_ops.to_scipy`; rows with ``w_A = 0`` are
 dropped before the product, so ``K`` has at most ``sum_i nnz(row_i)^2`` entries) and factorised
 by SuperLU (``scipy.sparse.linalg.splu``) in symmetric mode: a minimum-degree ordering of
 ``K + K^T`` and diagonal pivots, i.e. an ``LDL^T`` with a fill-reducing ordering, which is what
@@ -23,7 +23,7 @@ eigenvalues below ``10 n eps64 max``); ``fallbacks`` counts the LPs that needed 
 
 Dense rows: one row touching most variables (a budget row ``1^T z <= s`` of
 ``A``, a simplex row ``1^T z = 1`` of ``A_eq``) alone makes ``K`` dense.  The rows of ``A`` and
-``A_eq`` that :func:`solver.scipy_ops.dense_rows` names (at most ``MAX_DENSE_ROWS`` each, and
+``A_eq`` that :func:`solver.backends.scipy_ops.dense_rows` names (at most ``MAX_DENSE_ROWS`` each, and
 only while ``n`` is small enough for the dense minimum-norm solve below) are left out of the
 pattern, and a Newton step (``delta > 0``, so the rest ``K_s`` is positive definite) solves with
 :math:`K = K_s + U^\top U`, :math:`U = [W_d^{1/2} A_d; A_{eq,d}]` (the active dense rows of
@@ -48,7 +48,7 @@ import torch
 from scipy.linalg import lu_factor, lu_solve
 from scipy.sparse.linalg import splu
 
-from lpmetrics.solver.scipy_ops import dense_rows, host_matrix
+from lpmetrics.solver.backends.scipy_ops import dense_rows, host_matrix
 
 # SuperLU options for a symmetric positive (semi)definite matrix
 _LU = dict(permc_spec="MMD_AT_PLUS_A", diag_pivot_thresh=0.0,
@@ -72,7 +72,7 @@ class _Pattern:
         A = A.tocsr()
         A.sum_duplicates()
         # dense rows (``dense`` of A, ``dense_eq`` of A_eq: their indices,
-        # :func:`solver.scipy_ops.dense_rows`): left out of the pattern, kept as dense blocks
+        # :func:`solver.backends.scipy_ops.dense_rows`): left out of the pattern, kept as dense blocks
         # ``D`` and ``D_eq`` (module docstring)
         self.dense, self.rows, self.D, self.D_eq = dense, None, None, None
         if dense.size:

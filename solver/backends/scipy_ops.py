@@ -29,7 +29,7 @@ except ImportError:      # pragma: no cover - another scipy: the matrix object's
 class HostCSR(NamedTuple):
     """A CSR matrix as its arrays (``indptr``, ``indices``: one integer dtype; ``data``
     float64), e.g. those of a ``torch.sparse_csr_tensor`` shared without a copy: what HiGHS
-    and the host certificate read (:mod:`solver.host_highs`), without a scipy matrix object
+    and the host certificate read (:mod:`solver.backends.host_highs`), without a scipy matrix object
     (whose construction checks cost more than the products on an ``n = 500`` LP)."""
     indptr: np.ndarray
     indices: np.ndarray
@@ -128,7 +128,7 @@ def row_counts(op: LinearOperator) -> torch.Tensor | None:
 
 # a row of A with more nonzeros than this (and than a tenth of n) is "dense": alone it would
 # fill A^T W A; up to MAX_DENSE_ROWS such rows the sparse Newton solve takes them as a
-# low-rank update of the rest (solver.sparse_factor) instead of factorising a dense K -- up to
+# low-rank update of the rest (solver.backends.sparse_factor) instead of factorising a dense K -- up to
 # DENSE_ROWS_MAX_N variables: the minimum-norm solves (recovery, backward) of a non-square
 # active set still factorise K with those rows in, i.e. a dense n x n matrix, which is what the
 # dense Cholesky path costs anyway up to its own limit (linsolve: n <= 2048)

@@ -4,27 +4,27 @@ r"""One sparse float64 CPU LP for HiGHS (``forward="highs"``), end to end on the
 (:func:`solver.problem.build_problem`: checks, flattening, scales, a ``torch.sparse`` ``A``
 turned into a COO :class:`solver.operators.SparseOperator`), picks the linear solver from the
 row counts (:func:`solver.linsolve.choose_method`), copies ``A`` back to a scipy CSR matrix for
-HiGHS (:func:`solver.scipy_ops.host_matrix`), certifies HiGHS's vertex on the host
-(:func:`solver.square_active.recover`), and assembles the solution and its statistics from torch
+HiGHS (:func:`solver.backends.scipy_ops.host_matrix`), certifies HiGHS's vertex on the host
+(:func:`solver.backends.square_active.recover`), and assembles the solution and its statistics from torch
 tensors.  On the LPs of ``scripts/solver/time_sparse_lp.py`` (``n = 500``, HiGHS ~5 ms) that glue was
 ~1.5 ms of what ``forward="highs"`` added to HiGHS's own time.  :func:`solve`
 takes the same steps on the host arrays: the CSR arrays of the torch tensor go to HiGHS and
-to the certificate as they are (:func:`solver.highs.solve_host`,
-:func:`solver.square_active.certify` with :func:`solver.square_active.sparse_factor`), the
+to the certificate as they are (:func:`solver.backends.highs.solve_host`,
+:func:`solver.backends.square_active.certify` with :func:`solver.backends.square_active.sparse_factor`), the
 solver choice comes from the CSR row lengths (:func:`solver.linsolve.auto_method`, the rule
 ``choose_method`` applies), and the solution from
-:func:`solver.host_guess.certified_solution`, whose backward is the general route's
-(:class:`solver.square_active._SquareVertex`).  Every field and every gradient equals the
+:func:`solver.backends.host_guess.certified_solution`, whose backward is the general route's
+(:class:`solver.backends.square_active._SquareVertex`).  Every field and every gradient equals the
 general route's bit for bit (``tests/test_solver_host_highs.py``).
 
 Scope: ``c [n]``, ``b [m]`` (``m >= 1``; and ``b_eq [p]``) dense float64 CPU tensors; ``A``
 (and ``A_eq``) a 2-D float64 ``torch.sparse_csr_tensor`` on the CPU that does not require grad,
 with sorted, distinct column indices in each row; ``backward="active_set"``; ``forward="highs"``,
-or ``"auto"`` where it sends this LP to HiGHS (:func:`solver.auto.route`, and ``A`` not one
+or ``"auto"`` where it sends this LP to HiGHS (:func:`solver.backends.auto.route`, and ``A`` not one
 nonzero per row, which stays with Newton); ``linear_solver="auto"``; no ``compute_dtype`` but
 float64.  Anything else, or non-finite data, returns ``(None, None)`` and the general route
 runs (it names bad input).  HiGHS's failures raise here, with the general route's typed errors
-(:func:`solver.highs._fail`).  A vertex that does not certify (degenerate, ill-conditioned)
+(:func:`solver.backends.highs._fail`).  A vertex that does not certify (degenerate, ill-conditioned)
 returns ``(None, {0: result})``: the general route then recovers it with the torch path without
 solving the LP again.
 """
@@ -37,18 +37,18 @@ import numpy as np
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from lpmetrics.solver.auto import route
-from lpmetrics.solver.highs import _fail, solve_host
-from lpmetrics.solver.host_guess import certified_solution
+from lpmetrics.solver.backends.auto import route
+from lpmetrics.solver.backends.highs import _fail, solve_host
+from lpmetrics.solver.backends.host_guess import certified_solution
 from lpmetrics.solver.linsolve import auto_method
-from lpmetrics.solver.scipy_ops import HostCSR, gram_nnz_of
+from lpmetrics.solver.backends.scipy_ops import HostCSR, gram_nnz_of
 from lpmetrics.solver.solution import LPSolution
-from lpmetrics.solver.square_active import HostLP, _host, certify, sparse_factor
+from lpmetrics.solver.backends.square_active import HostLP, _host, certify, sparse_factor
 
 # tests switch it off to compare with the general route
 ENABLED = True
 f64 = torch.float64
-TIGHT_REL = torch.finfo(f64).eps ** 0.5     # solver.highs: the tight-set threshold
+TIGHT_REL = torch.finfo(f64).eps ** 0.5     # solver.backends.highs: the tight-set threshold
 # per constraint tensor (held weakly, by identity: nothing is added to the tensor, which stays
 # picklable with torch.load's weights_only): its host arrays and row counts, and the solver
 # choice; the arrays are views of the tensor's index and value tensors, not of the tensor

@@ -11,12 +11,12 @@ certificate with least-norm multipliers on ``T``, and the same ``K_T`` factorisa
 active-set backward (:mod:`solver.implicit`) solves with.  So ``z``, ``value``, ``dual`` and the
 gradients equal the Newton forward's wherever the optimum is unique.  Where ``T`` is square (a
 nondegenerate vertex) and the data are float64 on the CPU, all of this runs on the host with one
-LU per LP (:mod:`solver.square_active`: SuperLU of the active rows with the active bounds
+LU per LP (:mod:`solver.backends.square_active`: SuperLU of the active rows with the active bounds
 eliminated; ``stats["active_factor"] == "sparse_lu"``, or ``"dense_lu"`` for a small dense LP);
 anything else goes through the torch recovery.
 
 One sparse float64 CPU LP (a ``torch.sparse_csr_tensor`` ``A``) skips this module's batched
-entry point: :mod:`solver.host_highs` calls :func:`solve_host` and the same certificate on the
+entry point: :mod:`solver.backends.host_highs` calls :func:`solve_host` and the same certificate on the
 tensor's arrays, without the problem build around them, and hands a vertex that does not
 certify back here (``solved=``).
 
@@ -44,9 +44,9 @@ import torch
 from scipy.optimize import linprog
 
 from lpmetrics.solver.errors import LPInputError, LPNotConvergedWarning, LPSolverError, LPTimeLimitError
-from lpmetrics.solver import square_active
+from lpmetrics.solver.backends import square_active
 from lpmetrics.solver.recover import recover_vertex
-from lpmetrics.solver.scipy_ops import HostCSR, host_matrix
+from lpmetrics.solver.backends.scipy_ops import HostCSR, host_matrix
 
 
 def check_call(prob, backward: str) -> None:
@@ -203,7 +203,7 @@ def highs_forward(prob, opts, method, deadline=None, only=None, start=None, solv
     keeps the vertex and multipliers of ``start`` (the Newton run's dict), and the whole batch
     then goes through the same recovery, so the backward is one active-set solve for all.
     ``deadline``: a ``time.perf_counter()`` value, passed to HiGHS as its time limit.
-    ``solved``: ``{i: result}`` of LPs HiGHS has already solved (:mod:`solver.host_highs`,
+    ``solved``: ``{i: result}`` of LPs HiGHS has already solved (:mod:`solver.backends.host_highs`,
     whose certificate did not apply): not solved again."""
     xs, uA, uz, uE, nit = [], [], [], [], []
     bad = {}
