@@ -58,7 +58,7 @@ GATE_BATCH = 8         # images in the gate's batch
 REPS = 3               # timed steps per path (after one warm step)
 #: CPU flags that decide the GEMMs' speed (recorded; the cache key hashes the whole flag list)
 SIMD_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16")
-CACHE_VERSION = 1      # bump when the rule changes: older entries are then chosen afresh
+CACHE_VERSION = 2      # bump when the rule changes: older entries are then chosen afresh
 _MEMO: dict[str, dict] = {}   # this process's choices (a read-only cache folder chooses once per process)
 
 
@@ -254,10 +254,11 @@ def resolve(make: Callable[[str], nn.Module], shape: tuple, classes: int, batch:
     with torch.random.fork_rng(devices=[]):   # the run's own draws (initial weights) stay as they were
         record = choose(make, shape, classes, batch, precision)
     record["chosen_at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(path, {**_read_cache(path), key: record})
-    except OSError as err:   # a read-only home: choose again next time
-        record["cache_error"] = str(err)
+    if "traceback" not in record:   # a failure (maybe passing: a busy machine, a bad config) is not cached
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(path, {**_read_cache(path), key: record})
+        except OSError as err:   # a read-only home: choose again next time
+            record["cache_error"] = str(err)
     _MEMO[key] = {**record, **mach, "cached": None}
     return _MEMO[key]

@@ -31,9 +31,10 @@ im2col (:func:`im2col`). On CUDA it is ``Tensor.unfold`` (strided windows of the
 activation) and one reshape copy; its backward, ``unfold_backward``, gathers each input gradient
 from the windows that hold it: deterministic, so two runs of a pack (graph vs eager, NaN
 isolation) agree bit for bit, where an index gather's CUDA backward adds with atomics in no fixed
-order. On the CPU it is an index gather (``index_select`` of pixel rows): its backward,
-``index_add_``, runs in a fixed order there (deterministic) and is ~5x faster than
-``unfold_backward`` (one 8x8, 64-channel convolution, N=4, B=64: 32 vs 169 ms).
+order. On the CPU, where a backward is needed, it is an index gather (``index_select`` of pixel
+rows): its backward, ``index_add_``, runs in a fixed order there (deterministic) and is ~5x faster
+than ``unfold_backward`` (one 8x8, 64-channel convolution, N=4, B=64: 32 vs 169 ms); for the images
+into the stem (3 channels, no backward) ``unfold``'s single strided copy is the faster forward.
 
 Taps that meet only padding are dropped (per axis, the tap range that meets a pixel for some
 output position; the weight is sliced and the padding shrunk to match): at 1x1 spatial a 3x3
@@ -257,6 +258,9 @@ def taps(size: int, k: int, stride: int, pad: int) -> tuple[int, int, int, int, 
     return first, kept, before, after, out
 
 
+SHORT_ROWS = 16   # channels below which a pixel row is too short for a fast row gather
+
+
 @functools.lru_cache(maxsize=64)
 def _gather_index(b: int, hp: int, wp: int, rk: int, ck: int, stride: tuple[int, int], ho: int,
                   wo: int, device: torch.device) -> torch.Tensor:
@@ -271,11 +275,13 @@ def _gather_index(b: int, hp: int, wp: int, rk: int, ck: int, stride: tuple[int,
 
 def im2col(h: torch.Tensor, rk: int, ck: int, stride: tuple[int, int], ho: int, wo: int) -> torch.Tensor:
     """Patches ``[N, B H_o W_o, k_h k_w C]`` of the padded ``h [N, B, H_p, W_p, C]`` (module
-    docstring: an index gather on the CPU, ``unfold`` on CUDA; a 1x1 tap at stride 1 is ``h``)."""
+    docstring: on the CPU an index gather of pixel rows, but ``unfold`` for rows shorter than
+    :data:`SHORT_ROWS` channels that need no backward, the images into the stem, where its one
+    strided copy is 4.6x faster than gathering 3-value rows; a 1x1 tap at stride 1 is ``h``)."""
     n, b, hp, wp, c = h.shape
     if (rk, ck) == (1, 1) and (hp, wp) == (ho, wo):
         return h.reshape(n, b * ho * wo, c)
-    if h.is_cuda:
+    if h.is_cuda or (c < SHORT_ROWS and not (h.requires_grad and torch.is_grad_enabled())):
         patches = h.unfold(2, rk, stride[0]).unfold(3, ck, stride[1])
         if patches.shape[2:4] != (ho, wo):   # slice only where needed: its backward fills a zero tensor
             patches = patches[:, :, :ho, :wo]

@@ -8,9 +8,10 @@ from torchvision.models.resnet import BasicBlock, ResNet
 
 from lpmetrics.models.gemm_resnet import GemmResNet
 
-#: ``model.conv_impl`` values a built model can take (``auto`` is resolved before building:
-#: :func:`run.builders.build_model`)
-CONV_IMPLS = ("stock", "gemm")
+#: ``model.conv_impl`` values: ``auto`` is the machine's choice, made by
+#: :func:`run.builders.build_model` (it needs the run's device, batch and precision); a model
+#: built from the config without it (a script's direct ``instantiate``) is ``stock``, as before
+CONV_IMPLS = ("stock", "gemm", "auto")
 
 
 def resnet18(num_classes: int, input_shape: Sequence[int], cifar_stem: bool = False,
@@ -22,14 +23,14 @@ def resnet18(num_classes: int, input_shape: Sequence[int], cifar_stem: bool = Fa
     usual variant for small images (more accurate, ~16x more compute on 32x32).
     ``conv_impl``: ``stock`` = torchvision's modules; ``gemm`` = the same network (same modules,
     names, shapes and initial weights) with its convolutions computed as GEMMs
-    (:class:`models.gemm_resnet.GemmResNet`, the CPU's fast path).
+    (:class:`models.gemm_resnet.GemmResNet`, the CPU's fast path); ``auto`` here = ``stock``
+    (:data:`CONV_IMPLS`).
     """
     if len(input_shape) != 3:
         raise ValueError(f"resnet18 needs image input [C, H, W], got input_shape={list(input_shape)}; "
                          "use model=mlp for flat features (digits, synthetic, svmlight)")
     if conv_impl not in CONV_IMPLS:
-        raise ValueError(f"conv_impl={conv_impl!r} must be one of {CONV_IMPLS} here (auto is "
-                         "resolved by run.builders.build_model before the model is built)")
+        raise ValueError(f"conv_impl={conv_impl!r} must be one of {CONV_IMPLS} (model.conv_impl)")
     # torchvision's resnet18(weights=None, num_classes=K) is exactly this call (same init draws)
     net = (GemmResNet if conv_impl == "gemm" else ResNet)(BasicBlock, [2, 2, 2, 2], num_classes=num_classes)
     channels = int(input_shape[0])

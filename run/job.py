@@ -133,7 +133,7 @@ class Run:
             "config": runfolder.portable_config(self.cfg, self.run_dir),
             "batch_stream": STREAM_VERSION,
             "provenance": provenance.record(self.device),   # code version and machine
-            "conv": self.conv,
+            "conv_impl": self.conv,   # the convolution path that ran (builders.conv_path)
             **extra,
         }
         if "val" not in self.eval_splits:

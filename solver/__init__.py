@@ -7,6 +7,15 @@
 for linear programming", JOTA 121; Mangasarian 2006, "Exact 1-norm support vector machines
 via unconstrained convex differentiable minimization", JMLR 7; Meng et al. 2021, "Differentiable
 optimization of generalized nondecomposable functions using linear programs", NeurIPS.
+
+Reading order, the paper's method first: :mod:`.problem` (the LP and its exterior penalty),
+:mod:`.newton` (the generalized Newton step) and :mod:`.linsolve` (its linear system),
+:mod:`.eps_loop` (the eps rule), :mod:`.recover` (multipliers, active set, vertex),
+:mod:`.implicit` (the active-set and unrolled backwards), :mod:`.sketch` (the sketched Newton
+direction), :mod:`.solve` (``solve_lp``).  Apart: the forward backends (:mod:`.backends`:
+HiGHS, host shortcuts, LU factorisations), the capture-safe forms (:mod:`.capture`) and the
+preprocessing of general LPs (:mod:`.preprocess`).  ``docs/solver.md`` maps every file to the
+paper's section or to the engineering reason it exists.
 """
 if not __name__.startswith("lpmetrics."):   # one identity per class (lpmetrics/__init__.py)
     raise ImportError(f"import lpmetrics.{__name__}, not the bare folder name {__name__!r}")

@@ -47,7 +47,8 @@ class LPTimeLimitError(LPSolverError):
 
 class MPSFormatError(LPInputError):
     """An MPS file that does not parse; the message names the file, the line number and the
-    line (:mod:`solver.mps`)."""
+    line (raised by the MPS reader of the public-LP benchmark, ``scripts/solver/netlib/mps.py``;
+    part of the LP layer's API so that a caller's ``except`` clauses keep working)."""
 
     def __init__(self, message: str, *, path: str = "", line: int = 0):
         super().__init__(message)

@@ -181,7 +181,7 @@ def test_refusals_another_protocol_a_gpu_and_a_foreign_results(digits_lane, monk
     assert (run.folder / "last.pt").read_bytes() == b"not touched"
     monkeypatch.setattr(lane, "gpu_present", lambda: True)
     assert cpu(camp, lane_dir, "start") == 1
-    assert "this machine has a GPU" in capsys.readouterr().out
+    assert "campaign: LaneError: this machine has a GPU" in capsys.readouterr().err
 
 
 def test_an_entry_that_no_longer_composes_to_its_protocol_is_refused_with_its_key(digits_lane, capsys):

@@ -44,8 +44,8 @@ def cache(tmp_path, monkeypatch):
 
 def test_gemm_run_trains_and_records_its_path(compose_cfg, tmp_path, cache):
     res = loop.train(compose_cfg([*TINY, "model.conv_impl=gemm"]), tmp_path / "gemm")
-    conv = json.loads((tmp_path / "gemm" / "results.json").read_text())["conv"]
-    assert conv == res["conv"]
+    conv = json.loads((tmp_path / "gemm" / "results.json").read_text())["conv_impl"]
+    assert conv == res["conv_impl"]
     assert conv["impl"] == conv["requested"] == "gemm" and conv["precision"] == "fp32"
     assert {"cpu", "simd_flags", "torch", "threads"} <= set(conv)
     assert np.isfinite(res["final"]["test_auc"]) and "test_bntrain_auc" in res["final"]
@@ -56,14 +56,14 @@ def test_auto_chooses_once_per_machine_and_keeps_weights_and_precision(compose_c
     cfg = compose_cfg([*TINY, "trainer.precision=bf16", "trainer.max_steps=2"])
     assert cfg.model.conv_impl == "auto"
     res = loop.train(cfg, tmp_path / "auto")
-    conv = res["conv"]
+    conv = res["conv_impl"]
     assert conv["requested"] == "auto" and conv["impl"] in ("stock", "gemm")
     assert conv["precision"] == "bf16" and conv["cached"] is None
     assert conv["gate"]["passed"] and set(conv["ms_per_step"]) == {"stock", "gemm"}
     (entry,) = json.loads(cache.read_text()).values()
     assert entry["impl"] == conv["impl"]
     conv_select._MEMO.clear()
-    again = loop.train(cfg, tmp_path / "again")["conv"]
+    again = loop.train(cfg, tmp_path / "again")["conv_impl"]
     assert again["cached"] == str(cache) and again["impl"] == conv["impl"]
     bundle = build_data(cfg.dataset, seed=0)
     torch.manual_seed(0)
@@ -80,11 +80,12 @@ def test_auto_is_stock_off_the_cpu():
     assert record["impl"] == "stock" and "meta" in record["why"]
 
 
-def test_a_failing_choice_falls_back_to_stock():
+def test_a_failing_choice_falls_back_to_stock_and_is_not_cached(cache):
     def broken(impl):
         raise RuntimeError("no GEMM here")
-    record = conv_select.choose(broken, (3, 32, 32), 2, 8, "fp32")
+    record = conv_select.resolve(broken, (3, 32, 32), 2, 8, "fp32", torch.device("cpu"))
     assert record["impl"] == "stock" and "RuntimeError: no GEMM here" in record["why"]
+    assert not cache.exists()
 
 
 def test_run_folders_evaluate_on_the_other_path(compose_cfg, tmp_path, cache):

@@ -187,3 +187,28 @@ def test_make_tables_command_line_prints_one_line_and_exits_1(tmp_path):
     assert done.returncode == 1
     assert done.stderr.count("\n") == 1 and done.stderr.startswith("make_tables: QueueFileError: "), done.stderr
     assert done.stdout == ""
+
+
+# ---- python -m scripts.campaign
+
+
+@pytest.mark.parametrize("args, kind, words", [
+    (["--dir", "{missing}", "status"], "QueueFileError", "cannot read the queue"),
+    (["--dir", "{missing}", "cpu", "status"], "QueueFileError", "cannot read the queue"),
+    (["fold", "{missing}"], "FoldError", "no runs.jsonl.gz"),
+    (["fold-cpu", "{tmp}"], "FoldError", "no results.json, the run is not finished"),
+    (["plan", "--speed", "{missing}/speed.json"], "FileNotFoundError", "speed.json"),
+])
+def test_campaign_user_errors_are_one_typed_line(tmp_path, capsys, args, kind, words):
+    from scripts.campaign import cli as campaign
+    args = [a.format(missing=tmp_path / "nope", tmp=tmp_path) for a in args]
+    assert campaign.main(args) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(f"campaign: {kind}: ") and words in err, err
+
+
+def test_campaign_command_line_prints_one_line_and_exits_1(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "scripts.campaign", "--dir", str(tmp_path), "status"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stderr.strip().startswith("campaign: QueueFileError: ") and len(done.stderr.strip().splitlines()) == 1

@@ -12,11 +12,11 @@ import torch
 
 from lpmetrics.solver import (DiagonalOperator, LPInputError, LPLayer, LPSolverError, LPTimeLimitError,
                     solve_lp)
-from lpmetrics.solver.mps import read_mps, to_standard_form
+from scripts.solver.netlib.mps import read_mps, to_standard_form
 from tests.test_solver_oracle import constructed_lp, highs, to_torch
 
 D = torch.float64
-SHARE2B = Path(__file__).resolve().parents[1] / "solver" / "instances" / "netlib" / "share2b.mps"
+SHARE2B = Path(__file__).resolve().parents[1] / "scripts" / "solver" / "netlib" / "share2b.mps"
 
 
 def _share2b():

@@ -1,4 +1,4 @@
-"""``solver.mps``: the reader against netlib's published optima (through HiGHS on the model as
+"""``scripts/solver/netlib/mps.py``: the reader against netlib's published optima (through HiGHS on the model as
 read and on our standard form), bounds/ranges/free variables in the conversion, malformed
 files naming their line, and the public benchmark's smoke run."""
 import importlib.util
@@ -11,10 +11,10 @@ import torch
 from scipy.optimize import linprog
 
 from lpmetrics.solver import LPSolverError, MPSFormatError, solve_lp
-from lpmetrics.solver.mps import read_mps, to_standard_form
+from scripts.solver.netlib.mps import read_mps, to_standard_form
 
 ROOT = Path(__file__).resolve().parents[1]
-NETLIB = ROOT / "solver" / "instances" / "netlib"
+NETLIB = ROOT / "scripts" / "solver" / "netlib"
 # netlib's published optimal values (https://www.netlib.org/lp/data/readme)
 OPTIMA = {"afiro": -4.6475314286e02, "sc50a": -6.4575077059e01, "sc50b": -7.0e01,
           "kb2": -1.7499001299e03, "blend": -3.0812149846e01, "share2b": -4.1573224074e02,

@@ -39,7 +39,7 @@ from scripts.campaign import submit as campaign_submit
 from scripts.campaign.cost import choose, pack_cost
 from scripts.campaign.jobs import ROOT, composer
 from scripts.tables import queue_order
-from scripts.tables.queue_cells import LEDGER_FILE, QUEUE_FILE, RUNS_DIR
+from scripts.tables.queue_cells import LEDGER_FILE, QUEUE_FILE, RUNS_DIR, QueueFileError
 
 EVAL_EVERY = 2000   # 20 evaluations per 40k run: best-val selection, at ~1/15 of the step time on an H100
 
@@ -282,7 +282,22 @@ def run(args) -> int:
     return 1 if len(failed) == len(jobs) else 0
 
 
+#: what a user can get wrong (a folder, a file, a queue that no longer matches): one typed line, exit 1
+USER_ERRORS = (QueueFileError, campaign_fold.FoldError, campaign_lane.LaneError, FileNotFoundError,
+               NotADirectoryError, IsADirectoryError)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """The command line; a user's error ends as ``campaign: <type>: <message>`` on stderr, exit 1."""
+    try:
+        return run_command(argv)
+    except USER_ERRORS as err:
+        text = " ".join(line.strip() for line in str(err).strip().splitlines())
+        print(f"campaign: {type(err).__name__}: {text}", file=sys.stderr)
+        return 1
+
+
+def run_command(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dir", default=str(campaign_queue.DEFAULT_DIR),
                     help="the campaign folder (queue.json, ledger.json, runs/)")

@@ -242,15 +242,13 @@ def add_parsers(sub) -> None:
 
 
 def main(args) -> int:
+    """``fold`` / ``fold-cpu`` / ``status``; a :class:`FoldError` reaches the command line
+    (:func:`scripts.campaign.cli.main`: one typed line, exit 1)."""
     folder = Path(args.dir)
-    try:
-        if args.cmd == "fold":
-            fold(args.paths, folder)
-        elif args.cmd == "fold-cpu":
-            fold_cpu(args.run_dirs, folder, args.note)
-        else:
-            print(campaign_status.status(folder, args.windows))
-    except FoldError as err:
-        print(f"campaign: {err}")
-        return 1
+    if args.cmd == "fold":
+        fold(args.paths, folder)
+    elif args.cmd == "fold-cpu":
+        fold_cpu(args.run_dirs, folder, args.note)
+    else:
+        print(campaign_status.status(folder, args.windows))
     return 0

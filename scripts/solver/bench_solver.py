@@ -29,7 +29,7 @@ are relative to HiGHS on the same (rounded) data, in float64 and float32.  Write
 ``bench_solver_public.py``), written to ``<out>/public_lps.{md,json}``:
 
     OMP_NUM_THREADS=1 python -m scripts.solver.bench_solver --family public \
-        --mps-dir solver/instances/netlib --out results/solver
+        --mps-dir scripts/solver/netlib --out results/solver
 """
 from __future__ import annotations
 
@@ -178,7 +178,7 @@ def main() -> None:
     if args.family == "public":
         if not args.mps_dir:
             ap.error("--family public needs --mps-dir (a folder of .mps files, e.g. "
-                     "solver/instances/netlib)")
+                     "scripts/solver/netlib)")
         from scripts.solver.bench_solver_public import run_public, write_public_report
         rows = run_public(args.mps_dir, log=lambda s: print(s, file=sys.stderr, flush=True))
         write_public_report(rows, meta, Path(args.out))

@@ -1,8 +1,8 @@
 r"""``bench_solver.py --family public``: our LP layer on public MPS instances, against HiGHS.
 
-For each ``*.mps`` (or ``*.MPS``) file of a folder: read it (:func:`solver.mps.read_mps`),
+For each ``*.mps`` (or ``*.MPS``) file of a folder: read it (:func:`scripts.solver.netlib.mps.read_mps`),
 convert it to our form ``min c^T z s.t. A z <= b, A_eq z = b_eq, z >= 0``
-(:func:`solver.mps.to_standard_form`), solve the converted LP with HiGHS
+(:func:`scripts.solver.netlib.mps.to_standard_form`), solve the converted LP with HiGHS
 (``scipy.optimize.linprog(method="highs")``, the reference) and with ``solver.solve_lp`` in
 float64 -- default options (``forward="auto"``, ``max_seconds=60``), Newton alone
 (``forward="newton"``) and Newton without equilibration (``equilibrate=0``) -- and report per
@@ -18,7 +18,7 @@ instance and configuration:
   ``newton+highs``).
 
     OMP_NUM_THREADS=1 python -m scripts.solver.bench_solver --family public \
-        --mps-dir solver/instances/netlib --out results/solver
+        --mps-dir scripts/solver/netlib --out results/solver
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ import torch
 from scipy.optimize import linprog
 
 from lpmetrics.solver import LPSolverError, solve_lp
-from lpmetrics.solver.mps import read_mps, to_standard_form
+from scripts.solver.netlib.mps import read_mps, to_standard_form
 
 ACCURACY = 1e-6
 # the default; Newton alone (what "auto" starts with); Newton without equilibration
@@ -114,7 +114,7 @@ def run_public(mps_dir, repeats=5, budget_s=3.0, log=print):
     files = sorted(p for p in Path(mps_dir).iterdir() if p.suffix.lower() == ".mps")
     if not files:
         raise SystemExit(f"no .mps files in {mps_dir}: point --mps-dir at a folder of MPS files "
-                         f"(e.g. solver/instances/netlib).")
+                         f"(e.g. scripts/solver/netlib).")
     rows = []
     for p in files:
         t0 = time.perf_counter()

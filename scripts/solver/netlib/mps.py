@@ -1,5 +1,8 @@
 r"""Read an LP from an MPS file (free or fixed format) and convert it to our standard form.
 
+Tooling of the benchmark on public LPs (``python -m scripts.solver.bench_solver --family public``)
+and of the solver tests, kept outside the LP layer: the netlib LPs it reads lie beside it.
+
 MPS (IBM's Mathematical Programming System format; the netlib LP collection is written in it)
 describes
 
@@ -33,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
-from lpmetrics.solver.errors import LPInputError, MPSFormatError
+from lpmetrics.solver import LPInputError, MPSFormatError
 
 SECTIONS = ("NAME", "ROWS", "COLUMNS", "RHS", "RANGES", "BOUNDS", "ENDATA", "OBJSENSE",
             "OBJSENSE MAX", "OBJSENSE MIN", "OBJSENSE MAXIMIZE", "OBJSENSE MINIMIZE")
