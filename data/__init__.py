@@ -20,6 +20,8 @@ Modules, one concept each:
 * :mod:`data.tabular` -- scikit-learn digits (offline default) and svmlight files.
 * :mod:`data.synthetic` -- Song et al. 2016's random ReLU-teacher data.
 """
+if not __name__.startswith("lpmetrics."):   # one identity per class (lpmetrics/__init__.py)
+    raise ImportError(f"import lpmetrics.{__name__}, not the bare folder name {__name__!r}")
 from lpmetrics.data.build import DataBundle, build_data
 from lpmetrics.data.errors import DatasetNotFoundError, SplitError
 

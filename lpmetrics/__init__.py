@@ -1,10 +1,13 @@
 """lpmetrics: train networks on non-decomposable metrics through differentiable linear programs.
 
-The repository's folders are this package's subpackages: ``lpmetrics.solver`` is ``solver/``,
-``lpmetrics.objectives`` is ``objectives/``, and so on (``pyproject.toml`` maps them). Installing
-only ``lpmetrics`` into site-packages keeps generic names such as ``data``, ``metrics`` or
-``models`` out of a user's import namespace: a project with its own ``data`` package is not
-shadowed by ours, nor ours by it.
+The repository's folders are this package's subpackages: ``lpmetrics/solver`` is a committed
+link to ``solver/``, ``lpmetrics/objectives`` to ``objectives/``, and so on
+(:data:`SUBPACKAGES`), so ``lpmetrics.solver`` is a folder of source files that an editor or an
+import-graph tool follows with no import hook, while a reader still opens ``solver/`` at the top
+of the repository. Installing only ``lpmetrics`` into site-packages keeps generic names such as
+``data``, ``metrics`` or ``models`` out of a user's import namespace, and each subpackage refuses
+to be imported under its bare folder name (``import solver``), so every class has one identity.
+Why links and what they cost (Windows): ``docs/package.md``.
 
 The front door (a loss for your own loop, the LP layer on its own)::
 
@@ -15,27 +18,20 @@ The front door (a loss for your own loop, the LP layer on its own)::
 from __future__ import annotations
 
 import importlib
-from pathlib import Path
+from typing import TYPE_CHECKING
 
-#: The folders of a source checkout that are this package's subpackages (``pyproject.toml``
-#: maps the same names for a built wheel).
+#: The repository's folders that are this package's subpackages (each linked as ``lpmetrics/<name>``).
 SUBPACKAGES = ("solver", "objectives", "baselines", "data", "models", "metrics", "run", "packed")
 
+if TYPE_CHECKING:   # what editors and type checkers read for the lazy names below
+    from lpmetrics.objectives.auc import AUCLoss
+    from lpmetrics.objectives.auc_mu import AUCMuLoss
+    from lpmetrics.objectives.auc_ova import AUCOneVsAllLoss
+    from lpmetrics.objectives.ce import CrossEntropy
+    from lpmetrics.objectives.nmf import NMFLayer
+    from lpmetrics.objectives.ratio import F1LPLoss, FBetaLPLoss, JaccardLPLoss, PrecisionAtRecallLPLoss
+    from lpmetrics.solver import LPLayer, LPSolution, solve_lp
 
-def _checkout_root() -> Path | None:
-    """The repository root when this file sits in a source checkout (the folder above holds
-    ``pyproject.toml`` and the subpackage folders), else None (an installed wheel)."""
-    root = Path(__file__).resolve().parent.parent
-    if (root / "pyproject.toml").is_file() and all((root / name).is_dir() for name in SUBPACKAGES):
-        return root
-    return None
-
-
-# In a checkout (editable install, or the repository root on the path) the subpackages are the
-# folders beside this one; a wheel carries them inside this folder.
-_root = _checkout_root()
-if _root is not None and str(_root) not in __path__:
-    __path__.append(str(_root))
 
 #: The front door: public name -> module that defines it.
 _EXPORTS = {

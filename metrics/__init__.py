@@ -35,6 +35,8 @@ Example::
     {'auc': 1.0, 'ap': 1.0, 'f1': 1.0, 'acc': 1.0, 'mcc': 1.0, 'jaccard': 1.0, 'eer': 0.0}
 """
 from __future__ import annotations
+if not __name__.startswith("lpmetrics."):   # one identity per class (lpmetrics/__init__.py)
+    raise ImportError(f"import lpmetrics.{__name__}, not the bare folder name {__name__!r}")
 
 import numpy as np
 from scipy.special import logsumexp, softmax

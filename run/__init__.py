@@ -23,3 +23,5 @@ through the same modules; both import this layer, and it imports only the layers
 * :mod:`~lpmetrics.run.loggers` -- the csv and wandb loggers;
 * :mod:`~lpmetrics.run.targets` -- ``_target_`` names before and after the package existed.
 """
+if not __name__.startswith("lpmetrics."):   # one identity per class (lpmetrics/__init__.py)
+    raise ImportError(f"import lpmetrics.{__name__}, not the bare folder name {__name__!r}")

@@ -17,6 +17,8 @@ HiGHS, host shortcuts, LU factorisations), the capture-safe forms (:mod:`.captur
 preprocessing of general LPs (:mod:`.preprocess`).  ``docs/solver.md`` maps every file to the
 paper's section or to the engineering reason it exists.
 """
+if not __name__.startswith("lpmetrics."):   # one identity per class (lpmetrics/__init__.py)
+    raise ImportError(f"import lpmetrics.{__name__}, not the bare folder name {__name__!r}")
 from lpmetrics.solver.errors import (LPInputError, LPNotConvergedWarning, LPSolverError,
                            LPTimeLimitError, MPSFormatError)
 from lpmetrics.solver.layer import LPLayer

@@ -1,15 +1,14 @@
 """The import layers of ``.importlinter`` hold, and the checker catches a module that breaks them.
 
-grimp (import-linter's graph) finds a package's modules under the package's folder only; this
-checkout's subpackages live beside ``lpmetrics/`` (``pyproject.toml`` maps them), so each check
-runs on a *view*: a temporary folder holding a copy of ``lpmetrics/``'s own modules and, for each
-name in :data:`lpmetrics.SUBPACKAGES`, a link ``lpmetrics/<name>`` to the repository's folder. Its
-``__init__`` finds no ``pyproject.toml`` beside it, so it adds nothing to its ``__path__``: the
-view is the package exactly as a wheel lays it out.
+grimp (import-linter's graph) walks the package's folder; ``lpmetrics/<name>`` are committed links
+to the repository's folders, so the contracts are checked on the real tree. The checker's own test
+plants an offending module in a copy of the tree (the package folder, its links and the folders
+they name, copied as they are), so no other test running at the same time sees it.
 """
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -23,51 +22,40 @@ CONFIG = ROOT / ".importlinter"
 LINT = Path(sys.executable).with_name("lint-imports")
 
 
-def make_view(folder: Path, extra: dict[str, str] | None = None) -> Path:
-    """The package under ``folder`` (own modules copied, subpackages linked); ``extra`` maps a
-    module file inside a subpackage (``"solver/_offender.py"``) to its source: that subpackage
-    becomes a folder of links to the repository's files, plus the extra file."""
-    package = folder / "lpmetrics"
-    package.mkdir(parents=True)
-    for own in (ROOT / "lpmetrics").glob("*.py"):
-        (package / own.name).write_text(own.read_text())
-    added = {Path(path).parts[0]: (Path(path).name, source) for path, source in (extra or {}).items()}
+def copy_of_tree(folder: Path) -> Path:
+    """The package as the checkout lays it out (``lpmetrics/`` with its links, the linked folders,
+    ``.importlinter``), copied under ``folder``."""
+    ignore = shutil.ignore_patterns("__pycache__")
+    shutil.copytree(ROOT / "lpmetrics", folder / "lpmetrics", symlinks=True, ignore=ignore)
     for name in lpmetrics.SUBPACKAGES:
-        if name not in added:
-            (package / name).symlink_to(ROOT / name, target_is_directory=True)
-            continue
-        (package / name).mkdir()
-        for entry in (ROOT / name).iterdir():
-            if entry.name != "__pycache__":
-                (package / name / entry.name).symlink_to(entry)
-        filename, source = added[name]
-        (package / name / filename).write_text(source)
+        shutil.copytree(ROOT / name, folder / name, ignore=ignore)
+    shutil.copy(CONFIG, folder / CONFIG.name)
     return folder
 
 
-def lint(view: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(view)}
-    return subprocess.run([str(LINT), "--no-cache", str(CONFIG)], cwd=view, env=env,
+def lint(root: Path = ROOT) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    return subprocess.run([str(LINT), "--no-cache", str(root / CONFIG.name)], cwd=root, env=env,
                           capture_output=True, text=True, timeout=120)
 
 
-def test_the_package_keeps_its_import_contracts(tmp_path):
-    result = lint(make_view(tmp_path))
+def test_the_package_keeps_its_import_contracts():
+    result = lint()
     assert result.returncode == 0, result.stdout + result.stderr
     assert "0 broken" in result.stdout
 
 
-def test_the_view_holds_every_module_of_the_package(tmp_path):
+def test_the_graph_holds_every_module_of_the_package():
     """The check sees the whole package: every ``.py`` file of every subpackage is in the graph
-    (a view grimp could not walk would pass every contract vacuously)."""
-    view = make_view(tmp_path)
+    (a tree grimp could not walk would pass every contract vacuously)."""
     script = ("import grimp; g = grimp.build_graph('lpmetrics', cache_dir=None); "
               "print('\\n'.join(sorted(g.modules)))")
-    out = subprocess.run([sys.executable, "-c", script], cwd=view, capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": str(view)}, timeout=120, check=True).stdout.split()
+    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120, check=True).stdout.split()
     expected = {f"lpmetrics.{name}" for name in lpmetrics.SUBPACKAGES}
     for name in lpmetrics.SUBPACKAGES:
-        expected |= {f"lpmetrics.{name}.{p.stem}" for p in (ROOT / name).glob("*.py") if p.stem != "__init__"}
+        expected |= {"lpmetrics." + ".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+                     for p in (ROOT / name).rglob("*.py") if "__pycache__" not in p.parts}
     assert expected <= set(out), sorted(expected - set(out))
 
 
@@ -84,7 +72,9 @@ def test_the_view_holds_every_module_of_the_package(tmp_path):
     ("packed/_offender.py", "import train\n", "never imports an entry script"),
 ])
 def test_the_checker_catches_an_offending_import(tmp_path, path, source, contract):
-    result = lint(make_view(tmp_path, {path: source}))
+    tree = copy_of_tree(tmp_path)
+    (tree / path).write_text(source)
+    result = lint(tree)
     module = "lpmetrics." + path.removesuffix(".py").replace("/", ".")
     assert result.returncode != 0, result.stdout
     report = result.stdout.partition("Broken contracts")[2]

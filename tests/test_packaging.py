@@ -71,20 +71,20 @@ def test_the_front_door_names_load_lazily_and_are_the_package_classes():
         lpmetrics.nonsense  # noqa: B018
 
 
-def test_pyproject_maps_every_subpackage_folder():
-    tool = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    mapped = {name: folder for name, folder in tool["package-dir"].items()}
-    assert set(tool["packages"]) == set(mapped)
-    assert {n.removeprefix("lpmetrics.") for n in mapped if n.count(".") == 1} == set(lpmetrics.SUBPACKAGES)
-    for name, folder in mapped.items():
-        assert (ROOT / folder / "__init__.py").is_file(), name
-    # no folder with an __init__.py below a subpackage is left out of a built wheel
+def test_pyproject_lists_every_subpackage_and_each_is_a_committed_link():
+    packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    found = {"lpmetrics"}
     for sub in lpmetrics.SUBPACKAGES:
-        nested = [p.parent for p in (ROOT / sub).rglob("__init__.py") if p.parent != ROOT / sub
-                  and "__pycache__" not in p.parts
-                  and mapped.get("lpmetrics." + ".".join(p.parent.relative_to(ROOT).parts))
-                  != p.parent.relative_to(ROOT).as_posix()]
-        assert not nested, f"{nested}: add them to pyproject.toml's packages and package-dir"
+        link = ROOT / "lpmetrics" / sub
+        assert link.is_symlink() and os.readlink(link) == f"../{sub}", f"lpmetrics/{sub} must link to ../{sub}"
+        found |= {"lpmetrics." + ".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / sub).rglob("__init__.py")
+                  if "__pycache__" not in p.parts}
+    assert set(packages) == found, f"pyproject.toml's packages: add {sorted(found - set(packages))}, " \
+                                   f"drop {sorted(set(packages) - found)}"
+    tracked = subprocess.run(["git", "ls-files", "-s", "lpmetrics"], cwd=ROOT, capture_output=True, text=True).stdout
+    if tracked:   # a git checkout (a source tarball has no index): the links are committed as links
+        modes = {line.split()[-1]: line.split()[0] for line in tracked.splitlines()}
+        assert all(modes.get(f"lpmetrics/{sub}") == "120000" for sub in lpmetrics.SUBPACKAGES), modes
 
 
 def configured_targets() -> set[str]:
