@@ -41,6 +41,7 @@ from typing import Any, Mapping
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from lpmetrics.run.damage import damage
 from lpmetrics.run.targets import short_targets
 from lpmetrics.atomic import atomic_torch_save, atomic_write_json, atomic_write_text
 
@@ -186,14 +187,19 @@ def read_checkpoint(path: Path, map_location: Any = "cpu",
     return ckpt
 
 
+#: what falling back to ``last.prev.pt`` means for a resumed training (:func:`load_checkpoint`)
+RESUME_CONSEQUENCE = "the steps after it are trained again"
+
+
 def load_checkpoint(run_dir: Path, map_location: Any = "cpu",
                     required: tuple[str, ...] = TRAIN_STATE, trust: bool = False,
-                    opt_in: str = TRAIN_OPT_IN) -> tuple[dict, Path, str]:
+                    opt_in: str = TRAIN_OPT_IN, consequence: str = RESUME_CONSEQUENCE) -> tuple[dict, Path, str]:
     """``(checkpoint, path, note)`` of the newest usable checkpoint of ``run_dir``.
 
     Tries ``last.pt`` then ``last.prev.pt``; ``note`` is empty for ``last.pt`` and otherwise says
-    why ``last.pt`` was passed over and which step the run goes back to.  ``trust``, ``opt_in``:
-    :func:`torch_load`.
+    why ``last.pt`` was passed over (:func:`lpmetrics.run.damage.damage`: from the file's bytes, never
+    torch's advice to load it unsafely), which step the run goes back to and ``consequence``.
+    ``trust``, ``opt_in``: :func:`torch_load`.
 
     Raises:
         UnsafeCheckpointError: the first readable file needs more than a ``weights_only`` load
@@ -211,11 +217,11 @@ def load_checkpoint(run_dir: Path, map_location: Any = "cpu",
         except UnsafeCheckpointError:
             raise
         except Exception as err:  # truncated zip, unpickling error, a foreign file, ...
-            tried.append(f"{path} is damaged ({type(err).__name__}: {str(err).splitlines()[0][:200]})")
+            tried.append(f"{path} is damaged ({damage(path, err)})")
             continue
         note = "" if name == LAST else (
             f"{tried[0]}; using the previous checkpoint {path} (step {ckpt.get('step')}) instead: "
-            "the steps after it are trained again")
+            f"{consequence}")
         return ckpt, path, note
     if all(t.endswith("does not exist") for t in tried):
         raise CheckpointError(f"no checkpoint in {run_dir} ({LAST} does not exist): the run never "

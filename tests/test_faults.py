@@ -270,13 +270,25 @@ def test_damaged_last_pt_falls_back_to_the_previous_checkpoint(compose_cfg, tmp_
     last = tmp_path / "cut" / "last.pt"
     last.write_bytes(last.read_bytes()[:262_144 // 64])     # what a kill mid-torch.save used to leave
     with pytest.warns(CheckpointFallbackWarning,
-                      match=r"last.pt is damaged \(RuntimeError: PytorchStreamReader .*\); using the previous "
+                      match=r"last.pt is damaged \(a checkpoint archive cut short \(4096 bytes, no zip directory "
+                            r"at its end\): written or copied only in part\); using the previous "
                             r"checkpoint .*last.prev.pt \(step 10\) instead: the steps after it are trained again"):
         resumed = loop.train(compose_cfg([*cfg, "resume=true"]), tmp_path / "cut")
     assert resumed["launches"][-1]["checkpoint"] == "last.prev.pt"
-    assert resumed["launches"][-1]["fallback"].startswith("last.pt is damaged (RuntimeError")
+    assert resumed["launches"][-1]["fallback"].startswith("last.pt is damaged (a checkpoint archive cut short")
     assert str(tmp_path) not in (tmp_path / "cut" / "results.json").read_text()   # portable
     assert_same_run(tmp_path / "full", tmp_path / "cut")
+
+
+def test_a_last_pt_of_text_is_named_so_without_advice_to_load_it_unsafely(compose_cfg, tmp_path):
+    loop.train(compose_cfg([*SHORT, "trainer.max_steps=10", "trainer.eval_every=5"]), tmp_path)
+    (tmp_path / "last.pt").write_bytes(b"not a ck")       # 8 bytes of text
+    ckpt, path, note = runfolder.load_checkpoint(tmp_path)
+    assert path.name == "last.prev.pt" and ckpt["step"] == 5
+    assert "is damaged (not a checkpoint: its 8 bytes are neither torch's zip archive nor a pickle)" in note
+    assert "weights_only" not in note and note.endswith("the steps after it are trained again")
+    _, _, note = runfolder.load_checkpoint(tmp_path, consequence="the metrics are of that step")
+    assert note.endswith("instead: the metrics are of that step")
 
 
 def test_no_usable_checkpoint_names_both_files(compose_cfg, tmp_path):
