@@ -185,8 +185,10 @@ def _step(model: nn.Module, opt: torch.optim.Optimizer, x, y, amp: bool) -> None
 
 
 def time_steps(make: Callable[[str], nn.Module], shape: tuple, classes: int, batch: int,
-               precision: str, reps: int = REPS) -> dict[str, float]:
-    """Median ms per training step of each path, interleaved (module docstring, step 2)."""
+               precision: str, reps: int | None = None) -> dict[str, float]:
+    """Median ms per training step of each path, interleaved (module docstring, step 2);
+    ``reps`` timed steps each (default :data:`REPS`)."""
+    reps = REPS if reps is None else reps
     g = torch.Generator().manual_seed(1)
     x = torch.randn(batch, *shape, generator=g).contiguous(memory_format=torch.channels_last)
     y = torch.randint(0, classes, (batch,), generator=g)

@@ -2,7 +2,7 @@
 torchvision's, its convolutions as GEMMs.
 
 The oracle is torchvision's model itself, in float64 on the CPU, from the same initial weights:
-logits, every parameter gradient, the BatchNorm running statistics and the parameters over three
+logits, every parameter gradient, the BatchNorm running statistics and the parameters over two
 SGD steps (momentum, weight decay), then the evaluation forward in both BatchNorm modes, at 32 px
 (where layer4 runs at 1x1 and taps are dropped) and 50 px (Cat&Dog's size: 2x2 at layer4), to
 1e-10 relative. Then the bf16 gate (operands only: within 4x the error bf16 autocast already
@@ -53,10 +53,10 @@ def test_same_initial_weights_as_torchvision_and_same_state_dict():
 def test_float64_steps_equal_torchvision(px, float64_default):
     stock, gemm = (m.double().train() for m in twins(px))
     g = torch.Generator().manual_seed(px)
-    x = torch.randn(6, 3, px, px, generator=g, dtype=torch.float64)
-    y = torch.randint(0, 2, (6,), generator=g)
+    x = torch.randn(4, 3, px, px, generator=g, dtype=torch.float64)
+    y = torch.tensor([0, 1, 1, 0])
     opts = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4) for m in (stock, gemm)]
-    for _ in range(3):
+    for _ in range(2):
         logits = [m(x) for m in (stock, gemm)]
         assert rel(logits[1], logits[0]) < TOL
         for m, out, opt in zip((stock, gemm), logits, opts):

@@ -15,7 +15,7 @@ from lpmetrics.data.source import SourceData
 from lpmetrics.errors import ConfigError
 from lpmetrics.models import conv_select
 from lpmetrics.run import loop
-from lpmetrics.run.builders import build_model, predict
+from lpmetrics.run.builders import build_model, conv_path, predict
 from lpmetrics.run.runfolder import config_differences, torch_load
 from lpmetrics.run.validate import validate
 from lpmetrics.data import build_data
@@ -52,26 +52,28 @@ def test_gemm_run_trains_and_records_its_path(compose_cfg, tmp_path, cache):
     assert not cache.exists()   # an explicit path chooses nothing
 
 
-def test_auto_chooses_once_per_machine_and_keeps_weights_and_precision(compose_cfg, tmp_path, cache):
+def test_auto_chooses_once_per_machine_and_keeps_weights_and_precision(compose_cfg, tmp_path, cache, monkeypatch):
+    monkeypatch.setattr(conv_select, "REPS", 1)         # the rule, not the timing, is under test
+    monkeypatch.setattr(conv_select, "GATE_BATCH", 4)
     cfg = compose_cfg([*TINY, "trainer.precision=bf16", "trainer.max_steps=2"])
     assert cfg.model.conv_impl == "auto"
-    res = loop.train(cfg, tmp_path / "auto")
-    conv = res["conv_impl"]
+    conv = loop.train(cfg, tmp_path / "auto")["conv_impl"]
     assert conv["requested"] == "auto" and conv["impl"] in ("stock", "gemm")
     assert conv["precision"] == "bf16" and conv["cached"] is None
     assert conv["gate"]["passed"] and set(conv["ms_per_step"]) == {"stock", "gemm"}
     (entry,) = json.loads(cache.read_text()).values()
     assert entry["impl"] == conv["impl"]
     conv_select._MEMO.clear()
-    again = loop.train(cfg, tmp_path / "again")["conv_impl"]
-    assert again["cached"] == str(cache) and again["impl"] == conv["impl"]
     bundle = build_data(cfg.dataset, seed=0)
+    again = conv_path(cfg, bundle, torch.device("cpu"))
+    assert again["cached"] == str(cache) and again["impl"] == conv["impl"]
     torch.manual_seed(0)
     direct = build_model(OmegaConf.merge(cfg, {"model": {"conv_impl": "stock"}}), bundle)
     torch.manual_seed(0)
     conv_select._MEMO.clear()
-    cache.unlink()
-    chosen = build_model(cfg, bundle, torch.device("cpu"))   # chooses afresh: RNG must be untouched
+    cache.unlink()   # chooses afresh (a stand-in that draws from the global RNG): the run's draws stay
+    monkeypatch.setattr(conv_select, "choose", lambda *a: {"impl": "stock", "draw": float(torch.randn(()))})
+    chosen = build_model(cfg, bundle, torch.device("cpu"))
     assert all(torch.equal(a, b) for a, b in zip(direct.state_dict().values(), chosen.state_dict().values()))
 
 
@@ -89,7 +91,7 @@ def test_a_failing_choice_falls_back_to_stock_and_is_not_cached(cache):
 
 
 def test_run_folders_evaluate_on_the_other_path(compose_cfg, tmp_path, cache):
-    cfg = compose_cfg([*TINY, "model.conv_impl=stock"])
+    cfg = compose_cfg([*TINY, "model.conv_impl=stock", "trainer.max_steps=2"])
     loop.train(cfg, tmp_path / "stock")
     state = torch_load(tmp_path / "stock" / "last.pt")
     bundle = build_data(cfg.dataset, seed=0)
