@@ -14,6 +14,13 @@ CONFIGS = ROOT / "configs"
 
 torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
 
+# model.conv_impl=auto caches its per-machine choice; the suite's tiny shapes and gates must not
+# land in the user's cache (~/.cache/lpmetrics), nor a cached choice from there decide a test.
+# Subprocesses inherit it (train.py, the lane's trainings).
+if "LPMETRICS_CACHE" not in os.environ:
+    import tempfile
+    os.environ["LPMETRICS_CACHE"] = tempfile.mkdtemp(prefix="lpmetrics_test_cache_")
+
 
 def shared_data_root() -> Path | None:
     """Packed datasets: $DATA_ROOT, else ../shared/data beside the checkout; None if absent."""

@@ -213,7 +213,8 @@ def test_campaign_run_selects_then_trains_the_chosen_mode(how, tmp_path, capsys)
 def test_streams_equals_lone_runs_bit_for_bit_on_images_where_loop_rounds(compose_cfg, tmp_path, data_root):
     """The exact fallback: each run's own kernels with its batch in the lone run's (channels-last)
     layout; on the CPU the runs go one after another, which is what a stream pack does per run."""
-    img = ["dataset=cifar10", f"dataset.root={data_root}", "model=resnet18", "device=cpu", "logger=csv",
+    img = ["dataset=cifar10", f"dataset.root={data_root}", "model=resnet18", "model.conv_impl=stock",  # torchvision's kernels
+           "device=cpu", "logger=csv",
            "trainer.checkpoints=false", "trainer.batch_size=8"]
     jobs = [Job(compose_cfg([*img, f"objective={o}"]), tmp_path / o, {}, o) for o in ("ce", "auc_lp")]
     got = rows(select.select_mode(jobs, modes=["loop", "streams"], budget_s=600))
