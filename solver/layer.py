@@ -19,7 +19,7 @@ class LPLayer(torch.nn.Module):
     Example (a vertex of the box ``0 <= z <= 1`` cut by ``z1 + z2 <= 1.5``):
 
     >>> import torch
-    >>> from solver import LPLayer
+    >>> from lpmetrics.solver import LPLayer
     >>> layer = LPLayer(backward="active_set", tol=1e-10)
     >>> c = torch.tensor([-1.0, -2.0], dtype=torch.float64, requires_grad=True)
     >>> A = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]], dtype=torch.float64)

@@ -28,7 +28,7 @@ square ``[A_T; A_eq; -I_Z]``, :mod:`solver.backends.square_active`, or the norma
 Example::
 
     >>> import torch
-    >>> from solver import solve_lp
+    >>> from lpmetrics.solver import solve_lp
     >>> A = torch.tensor([[1.0, 1.0]], dtype=torch.float64, requires_grad=True)
     >>> c, b = torch.tensor([-1.0, -2.0], dtype=torch.float64), torch.ones(1, dtype=torch.float64)
     >>> sol = solve_lp(c, A, b, capture_safe=True, vertex_guess=torch.tensor([0.0, 1.0]))

@@ -34,7 +34,7 @@ A general LP (dense ``A``, equality rows) has no fixed-count Newton here: with a
 Example::
 
     >>> import torch
-    >>> from solver import DiagonalOperator, solve_lp
+    >>> from lpmetrics.solver import DiagonalOperator, solve_lp
     >>> d = torch.randn(4096, dtype=torch.float64, requires_grad=True)   # pair margins
     >>> sol = solve_lp(torch.ones_like(d), DiagonalOperator(-torch.ones_like(d)), d - 0.01,
     ...                capture_safe=True)
