@@ -49,7 +49,7 @@ from lpmetrics.data.errors import DamagedDatasetError, DatasetNotFoundError, Spl
 from lpmetrics.errors import ConfigError
 from lpmetrics.run import runfolder
 from lpmetrics.run.damage import damage
-from lpmetrics.run.targets import upgrade_targets
+from lpmetrics.run.upgrade import upgrade_config
 from lpmetrics.run.builders import build_model, config_from_checkpoint, predict, resolve_device
 from lpmetrics.metrics import auc_ova_per_class, evaluate, roc_scores
 
@@ -163,9 +163,10 @@ def open_checkpoint(run_dir: Path | None, checkpoint: str | Path | None,
 
 
 def load_config(ckpt: dict, run_dir: Path | None) -> DictConfig:
-    """The run's resolved config, its ``_target_`` names in the package form (a run made before
-    the ``lpmetrics`` package names ``objectives.auc.AUCLoss``: :mod:`lpmetrics.run.targets`)."""
-    return upgrade_targets(_stored_config(ckpt, run_dir))
+    """The run's resolved config, upgraded to today's keys (:mod:`lpmetrics.run.upgrade`): keys
+    added since the run was made at the value it ran with, and ``_target_`` names in the package
+    form (a run made before the ``lpmetrics`` package names ``objectives.auc.AUCLoss``)."""
+    return upgrade_config(_stored_config(ckpt, run_dir))
 
 
 def _stored_config(ckpt: dict, run_dir: Path | None) -> DictConfig:
@@ -226,7 +227,7 @@ def evaluate_run(run_dir: str | Path | None, checkpoint: str | Path | None = Non
     model = build_model(cfg, bundle)
     model.load_state_dict(ckpt["model"])
     if batch_size is None:
-        batch_size = OmegaConf.select(cfg, "trainer.eval_batch_size", default=512)
+        batch_size = cfg.trainer.eval_batch_size
     logits, labels = predict(model.to(dev), getattr(bundle, split), batch_size=batch_size, device=dev,
                              bn_mode=bn_mode)
 

@@ -11,6 +11,14 @@ from lpmetrics.data.datasets import ImageDataset, TabularDataset
 from lpmetrics.data.imbalance import relabel
 from lpmetrics.data.source import SourceData
 from lpmetrics.data.splits import build_splits
+from lpmetrics.errors import ConfigError
+
+#: The ``dataset`` keys :func:`build_data` reads: every ``configs/dataset/*.yaml`` sets them, and
+#: there is no default in code (``configs/dataset/cifar10.yaml`` says what each one means).
+KEYS = ("name", "root", "download", "cache_dir", "source", "task", "neg_keep", "drop_rate",
+        "val_size", "groups", "split", "normalize", "augment")
+#: read for image sources only (flat features are not cropped)
+IMAGE_KEYS = ("crop_padding",)
 
 
 @dataclass
@@ -64,53 +72,68 @@ def split_stats(labels: np.ndarray, num_classes: int, task: str) -> dict:
     return out
 
 
+def missing_keys(cfg: Mapping, keys: tuple[str, ...] = KEYS) -> list[str]:
+    """The ``keys`` that the dataset config ``cfg`` lacks."""
+    return [key for key in keys if key not in cfg]
+
+
+def _require(cfg: Mapping, keys: tuple[str, ...]) -> None:
+    missing = missing_keys(cfg, keys)
+    if missing:
+        raise ConfigError(f"dataset config {cfg.get('name')!r} lacks {', '.join('dataset.' + k for k in missing)}: "
+                          "every configs/dataset/*.yaml sets them (configs/dataset/cifar10.yaml says what each "
+                          "means); add them to the dataset's YAML, or to the mapping given to build_data")
+
+
 def load_source(cfg: Mapping) -> SourceData:
     """Call ``cfg["source"]["_target_"]`` with its options plus ``root``/``download``/``cache_dir``."""
     from hydra.utils import get_method
 
-    source = dict(cfg.get("source") or {})
+    source = dict(cfg["source"] or {})
     if "_target_" not in source:
-        raise ValueError(f"dataset '{cfg.get('name')}' has no source._target_ (e.g. "
+        raise ValueError(f"dataset '{cfg['name']}' has no source._target_ (e.g. "
                          "source: {_target_: lpmetrics.data.images.cifar10}); see configs/dataset/*.yaml")
     # Resolve _target_ with Hydra but call it ourselves: hydra.utils.call would wrap our typed
     # DatasetNotFoundError / SplitError in an InstantiationException.
     fn = get_method(source.pop("_target_"))
-    return fn(**source, root=cfg.get("root"), download=bool(cfg.get("download", False)),
-              cache_dir=cfg.get("cache_dir"))
+    return fn(**source, root=cfg["root"], download=bool(cfg["download"]), cache_dir=cfg["cache_dir"])
 
 
 def build_data(cfg_dataset: Any, seed: int) -> DataBundle:
     """Build the train / val / test datasets of the paper's protocol.
 
     Args:
-        cfg_dataset: the ``dataset`` config (``configs/dataset/*.yaml``): ``name``, ``root``,
-            ``download``, ``task``, ``neg_keep``, ``drop_rate``, ``val_size``, ``augment``,
-            optional ``groups``, ``cache_dir``, ``crop_padding``, ``split`` (``paper`` |
+        cfg_dataset: the ``dataset`` config (``configs/dataset/*.yaml``), every key of
+            :data:`KEYS` (no defaults here: the YAML holds them): ``name``, ``root``,
+            ``download``, ``cache_dir``, ``source`` (``_target_`` + options), ``task``,
+            ``neg_keep``, ``drop_rate``, ``val_size``, ``groups``, ``split`` (``paper`` |
             ``authors``: :mod:`data.splits`), ``normalize`` (``per_channel`` | ``per_image``:
-            :mod:`data.datasets`), and ``source`` (``_target_`` + options).
+            :mod:`data.datasets`), ``augment``; image sources also ``crop_padding``.
         seed: seeds the validation hold-out and the imbalance dropping (not the data itself).
 
     Raises:
+        ConfigError: ``cfg_dataset`` lacks one of those keys (the message names them).
         DatasetNotFoundError: the source's files are missing (the message names them).
         SplitError: a split lacks one of the task's classes.
 
     Example::
 
-        >>> bundle = build_data({"name": "digits", "task": "binary", "neg_keep": 0.1,
-        ...                      "val_size": 360, "source": {"_target_": "lpmetrics.data.tabular.digits"}}, 0)
+        >>> from omegaconf import OmegaConf
+        >>> cfg = OmegaConf.load("configs/dataset/digits.yaml")
+        >>> bundle = build_data(OmegaConf.merge(cfg, {"neg_keep": 0.1}), 0)
         >>> bundle.input_shape, bundle.num_classes, round(bundle.stats["train"]["pos_fraction"], 2)
         ((64,), 2, 0.91)
     """
     cfg = _plain(cfg_dataset)
-    task = cfg.get("task", "binary")
+    _require(cfg, KEYS)
+    task = cfg["task"]
     src = load_source(cfg)
-    splits = build_splits(src.y_train, src.y_test, task=task,
-                          neg_keep=float(cfg.get("neg_keep", 1.0)),
-                          drop_rate=float(cfg.get("drop_rate", 0.0)),
-                          val_size=cfg.get("val_size", 0.1), seed=int(seed),
-                          groups=cfg.get("groups"), num_classes=src.num_classes,
-                          protocol=str(cfg.get("split", "paper")))
-    normalize = str(cfg.get("normalize", "per_channel"))
+    if src.kind == "image":
+        _require(cfg, IMAGE_KEYS)
+    splits = build_splits(src.y_train, src.y_test, task=task, neg_keep=float(cfg["neg_keep"]),
+                          drop_rate=float(cfg["drop_rate"]), val_size=cfg["val_size"], seed=int(seed),
+                          groups=cfg["groups"], num_classes=src.num_classes, protocol=str(cfg["split"]))
+    normalize = str(cfg["normalize"])
     parts = {"train": (src.x_train, src.y_train, splits.train),
              "val": (src.x_train, src.y_train, splits.val),
              "test": (src.x_test, src.y_test, splits.test)}
@@ -119,11 +142,11 @@ def build_data(cfg_dataset: Any, seed: int) -> DataBundle:
         labels = relabel(y[idx], splits.groups)
         if src.kind == "image":
             datasets[split] = ImageDataset(x[idx], labels, src.mean, src.std,
-                                           augment=split == "train" and bool(cfg.get("augment", False)),
-                                           pad=int(cfg.get("crop_padding", 4)), normalize=normalize)
+                                           augment=split == "train" and bool(cfg["augment"]),
+                                           pad=int(cfg["crop_padding"]), normalize=normalize)
         else:
             datasets[split] = TabularDataset(x[idx], labels, src.mean, src.std, normalize=normalize)
         stats[split] = split_stats(labels, len(splits.groups), task)
     return DataBundle(**datasets, num_classes=len(splits.groups), input_shape=src.input_shape,
-                      task=task, stats=stats, name=str(cfg.get("name", "")),
+                      task=task, stats=stats, name=str(cfg["name"]),
                       groups=splits.groups, origin=src.origin)

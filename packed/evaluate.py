@@ -146,11 +146,11 @@ def requests(run: Run) -> list[tuple[str, str, int]]:
     """The ``(split, bn_mode, batch_size)`` of each predict call :func:`run.evaluation.evaluate` makes for
     ``run`` (its own mode on each evaluation split; test in the other mode too)."""
     t = run.cfg.trainer
-    own = t.get("eval_bn", "eval")
+    own = t.eval_bn
     out = [(split, own, int(t.eval_batch_size)) for split in run.eval_splits]
     if "test" in run.eval_splits:
         other = "eval" if own == "train" else "train"
-        out.append(("test", other, int(t.get("bntrain_batch_size", 32)) if other == "train"
+        out.append(("test", other, int(t.bntrain_batch_size) if other == "train"
                     else int(t.eval_batch_size)))
     return out
 

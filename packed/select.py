@@ -353,7 +353,7 @@ def trial_from_jobs(jobs: list, work: Path, max_pack: int | None = None, steps: 
     alone = [[next(s) for s in streams] for _ in range(steps)]
     batches = [(torch.stack(xs).to(device).contiguous(), torch.stack(ys).to(device))   # packed.launch._draw
                for xs, ys in (zip(*drawn) for drawn in alone)]
-    return Trial(names, device, str(runs[0].cfg.trainer.get("precision", "fp32")), autocast_dtype(runs[0].cfg),
+    return Trial(names, device, str(runs[0].cfg.trainer.precision), autocast_dtype(runs[0].cfg),
                  batches, alone, lambda mode: _fresh_pack(runs, mode),
                  lambda i, dtype: _fresh_lone(runs[i], dtype), runs[0].model)
 

@@ -21,7 +21,8 @@ through the same modules; both import this layer, and it imports only the layers
 * :mod:`~lpmetrics.run.guards` -- finite-loss and degenerate-batch guards;
 * :mod:`~lpmetrics.run.provenance` -- the commit, versions and device a run records;
 * :mod:`~lpmetrics.run.loggers` -- the csv and wandb loggers;
-* :mod:`~lpmetrics.run.targets` -- ``_target_`` names before and after the package existed.
+* :mod:`~lpmetrics.run.targets` -- ``_target_`` names before and after the package existed;
+* :mod:`~lpmetrics.run.upgrade` -- an older run's saved config brought to today's keys.
 """
 if not __name__.startswith("lpmetrics."):   # one identity per class (lpmetrics/__init__.py)
     raise ImportError(f"import lpmetrics.{__name__}, not the bare folder name {__name__!r}")

@@ -63,7 +63,7 @@ def conv_path(cfg: DictConfig, bundle, device: torch.device | None = None) -> di
     requested = cfg.model.get("conv_impl") if "conv_impl" in cfg.model else None
     if requested is None:
         return None
-    precision = cfg.trainer.get("precision", "fp32")
+    precision = cfg.trainer.precision
     if requested != "auto":
         return {"impl": requested, "requested": requested, "precision": precision,
                 "why": f"model.conv_impl={requested}", **conv_select.machine()}
@@ -111,7 +111,7 @@ BN_MODES = ("eval", "train")
 
 def autocast_dtype(cfg: DictConfig) -> torch.dtype | None:
     """The ``torch.autocast`` dtype of ``trainer.precision`` (``None`` for fp32)."""
-    return {"fp32": None, "bf16": torch.bfloat16}[cfg.trainer.get("precision", "fp32")]
+    return {"fp32": None, "bf16": torch.bfloat16}[cfg.trainer.precision]
 
 
 @torch.no_grad()

@@ -33,12 +33,12 @@ def evaluate(model, bundle, split: str, cfg: DictConfig, device,
     (:func:`builders.predict`), so the training trajectory is the same as without the second.
     ``predict_fn`` (default :func:`builders.predict`) gives the logits: the packed launcher passes
     one that serves a whole pack's logits from one pass (:mod:`packed.evaluate`)."""
-    own = cfg.trainer.get("eval_bn", "eval")
+    own = cfg.trainer.eval_bn
     fn = predict_fn or predict
     out = _scored(fn, model, bundle, split, device, own, cfg.trainer.eval_batch_size)
     if split == "test":
         other = "eval" if own == "train" else "train"
-        batch = cfg.trainer.get("bntrain_batch_size", 32) if other == "train" else cfg.trainer.eval_batch_size
+        batch = cfg.trainer.bntrain_batch_size if other == "train" else cfg.trainer.eval_batch_size
         out |= {OTHER_BN_PREFIX[other] + k: v for k, v in _scored(fn, model, bundle, split, device, other, batch).items()}
     return out
 

@@ -99,7 +99,7 @@ class Run:
         # order: metrics, best, last; a kill between them replays the interval on resume
         runfolder.write_metrics_csv(self.rows, run_dir / runfolder.METRICS)
         key = f"val_{self.primary}"
-        keep = cfg.trainer.get("checkpoints", True)
+        keep = cfg.trainer.checkpoints
         if key in row and (self.best is None or row[key] > self.best[key]):
             self.best = dict(row)
             if keep:

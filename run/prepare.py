@@ -53,8 +53,8 @@ def prepare_run(cfg: DictConfig, run_dir: Path, device: torch.device) -> tuple[R
     runtime = runtime_values(bundle)
     conv = conv_path(cfg, bundle, device)   # auto: this machine's choice (RNG untouched; cached)
     model = built("model", cfg, lambda: build_model(cfg, bundle)).to(device)   # the same choice
-    if cfg.trainer.get("init_from") and not cfg.resume:   # a resumed run has its own weights
-        init_weights(model, Path(cfg.trainer.init_from), device, cfg.trainer.get("trust_checkpoint", False))
+    if cfg.trainer.init_from and not cfg.resume:   # a resumed run has its own weights
+        init_weights(model, Path(cfg.trainer.init_from), device, cfg.trainer.trust_checkpoint)
     objective = built("objective", cfg, lambda: instantiate_runtime(cfg.objective, **runtime)).to(device)
     launches = list(ckpt.get("launches", [])) if ckpt is not None else []
     hydra_files = (ckpt.get("hydra_files") if ckpt is not None else None) or runfolder.hydra_files(run_dir)

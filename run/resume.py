@@ -30,7 +30,7 @@ class StreamChangeWarning(UserWarning):
 def resume_from(cfg: DictConfig, run_dir: Path, resolved: dict, device) -> tuple[dict, dict]:
     """The checkpoint to continue from and this launch's record; refuses a differing config."""
     ckpt, path, note = runfolder.load_checkpoint(run_dir, map_location=device,
-                                                 trust=cfg.trainer.get("trust_checkpoint", False))
+                                                 trust=cfg.trainer.trust_checkpoint)
     diffs = runfolder.config_differences(ckpt["config"], resolved)
     runfolder.restore_hydra_files(run_dir, ckpt.get("hydra_files") or {}, ckpt["step"])
     if diffs and cfg.resume != "force":

@@ -19,7 +19,8 @@ anyone else) raises :class:`UnsafeCheckpointError`; the caller's explicit opt-in
 
 A resume compares the checkpoint's config with the new one (:func:`config_differences`): keys
 outside :data:`ALLOWED_ON_RESUME` must not change (``resume=force`` overrides; the trainer then
-records the differences in ``results.json``).  Hydra rewrites ``.hydra/`` at every launch, so
+records the differences in ``results.json``); a key an older checkpoint's config lacks counts at its
+:data:`~lpmetrics.run.upgrade.ADDED_DEFAULTS` value.  Hydra rewrites ``.hydra/`` at every launch, so
 :func:`restore_hydra_files` puts the run's original files back and keeps the resumed launch's as
 ``<name>.resume-step<N>.yaml``.
 
@@ -43,6 +44,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from lpmetrics.run.damage import damage
 from lpmetrics.run.targets import short_targets
+from lpmetrics.run.upgrade import ADDED_DEFAULTS   # keys older configs lack (compared at their old value)
 from lpmetrics.atomic import atomic_torch_save, atomic_write_json, atomic_write_text
 
 LAST, PREVIOUS, BEST = "last.pt", "last.prev.pt", "best.pt"
@@ -258,20 +260,6 @@ def _allowed(key: str, allowed: tuple[str, ...]) -> bool:
 
 
 _ABSENT = "<absent>"
-#: Config keys added after committed runs or checkpoints were made, with the value that reproduces
-#: what those runs did: a config without the key counts as having this value (``make_tables.py``
-#: pools such runs with new ones; a resume does not call the missing key a difference).
-ADDED_DEFAULTS = {
-    "trainer.eval_bn": "eval",     # BatchNorm-train evaluation option; before it: eval()
-    "trainer.precision": "fp32",   # bf16 autocast option; before it: float32
-    "trainer.checkpoints": True,   # checkpoint-free runs; before it: always written
-    "objective.pair_layout": "masked",   # dense AUC pairs; before it: masked (objectives
-                                         # without the key get it on both sides: no difference)
-    "dataset.split": "paper",            # authors' split option; before it: the paper's
-    "dataset.normalize": "per_channel",  # per-image option; before it: per channel
-    "scheduler.stages": None,            # stage schedule option; before it: milestones
-    "model.conv_impl": "stock",          # GEMM convolution option; before it: torchvision's modules
-}
 
 
 def config_differences(old: Mapping, new: Mapping,

@@ -70,8 +70,6 @@ def build_scheduler(cfg: DictConfig, optimizer: torch.optim.Optimizer
     """The lr schedule of ``cfg.scheduler``: step decay by ``gamma`` at ``milestones`` (the
     default, the paper's), or, when ``stages`` is set (``{first, growth}``), the authors' stage
     schedule (:class:`StageDecayLR`; then ``milestones`` must be empty)."""
-    stages = cfg.get("stages")
-    if stages:
-        return StageDecayLR(optimizer, first=stages.get("first"), growth=stages.get("growth", 3.0),
-                            gamma=cfg.gamma)
+    if cfg.stages:
+        return StageDecayLR(optimizer, first=cfg.stages.first, growth=cfg.stages.growth, gamma=cfg.gamma)
     return torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones=list(cfg.milestones), gamma=cfg.gamma)

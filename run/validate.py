@@ -4,6 +4,8 @@
 Each failure is a :class:`ConfigError` whose message names the key, the value and a fix;
 ``train.py``'s ``main`` reports it as a clean Hydra error (one message, no traceback). Rules:
 
+* every key of :data:`REQUIRED` is present (the defaults live in ``configs/``; the code reads
+  keys without fallbacks, so a key deleted by an override, ``~trainer.eval_bn``, is named here);
 * ``trainer.max_steps``, ``eval_every``, ``batch_size``, ``eval_batch_size``, ``log_every`` are
   integers >= 1 (0 used to fail late with ``IndexError`` / ``ZeroDivisionError``);
   ``trainer.max_grad_norm`` is null or finite > 0; ``trainer.eval_bn`` is eval or train; ``trainer.precision`` fp32 or bf16;
@@ -14,7 +16,7 @@ Each failure is a :class:`ConfigError` whose message names the key, the value an
   multiclass; ``dataset.neg_keep`` / ``drop_rate`` are numbers the task accepts
   (:func:`data.imbalance.drop_fraction`, the rule the split builder applies);
   ``dataset.split`` is paper or authors, ``dataset.normalize`` per_channel or per_image;
-* ``scheduler.stages`` is null or ``{first, growth}`` that :class:`schedule.StageDecayLR` accepts,
+* ``scheduler.stages`` is null or ``{first, growth}`` (both keys) that :class:`schedule.StageDecayLR` accepts,
   and then ``scheduler.milestones`` is empty (one schedule, not two stacked);
 * ``device`` exists on this machine (``device=cuda`` without a GPU fails here, not after the data);
 * the objective can train the task (``Objective.tasks``: a binary AUC / ratio loss on a
@@ -32,6 +34,7 @@ from typing import Any, Callable
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from lpmetrics.data.build import KEYS as DATASET_KEYS
 from lpmetrics.errors import ConfigError
 from lpmetrics.run.builders import resolve_device
 from lpmetrics.run.schedule import StageDecayLR
@@ -41,6 +44,17 @@ RESUME_VALUES = (False, True, "force")
 POSITIVE_INTS = ("max_steps", "eval_every", "batch_size", "eval_batch_size", "log_every")
 PRECISIONS = ("fp32", "bf16")
 CONV_IMPLS = ("stock", "gemm", "auto")
+#: The config keys the run layer reads, by group ("" = top level), each set in configs/ (config.yaml
+#: or every file of the group) and read without a fallback; image datasets also read
+#: ``dataset.crop_padding`` (:data:`lpmetrics.data.build.IMAGE_KEYS`). The components a config
+#: instantiates (model, objective, optimizer, logger) take their keys as constructor arguments.
+REQUIRED = {
+    "": ("seed", "device", "resume"),
+    "trainer": ("max_steps", "batch_size", "eval_every", "eval_batch_size", "eval_bn", "bntrain_batch_size",
+                "log_every", "max_grad_norm", "init_from", "trust_checkpoint", "precision", "checkpoints"),
+    "scheduler": ("milestones", "gamma", "stages"),
+    "dataset": DATASET_KEYS,
+}
 EXAMPLES = {"max_steps": 1000, "eval_every": 100, "batch_size": 64, "eval_batch_size": 512,
             "log_every": 50, "neg_keep": 0.1, "drop_rate": 0.9}
 
@@ -76,6 +90,15 @@ def _error(check: Callable[[], Any]) -> list[str]:
     return []
 
 
+def missing_keys(cfg: DictConfig) -> list[str]:
+    """The dotted keys of :data:`REQUIRED` that ``cfg`` lacks."""
+    out = []
+    for group, keys in REQUIRED.items():
+        node = OmegaConf.select(cfg, group) if group else cfg
+        out += [f"{group}.{key}".lstrip(".") for key in keys if not isinstance(node, DictConfig) or key not in node]
+    return out
+
+
 def data_config_problems(cfg: DictConfig) -> list[str]:
     """The ``dataset`` keys the split builder and the datasets read (before any data are read)."""
     from lpmetrics.data.datasets import check_normalize
@@ -83,71 +106,80 @@ def data_config_problems(cfg: DictConfig) -> list[str]:
     from lpmetrics.data.splits import check_protocol
 
     ds = cfg.dataset
-    knobs = {"neg_keep": ds.get("neg_keep", 1.0), "drop_rate": ds.get("drop_rate", 0.0)}
+    knobs = {"neg_keep": ds.neg_keep, "drop_rate": ds.drop_rate}
     problems = [f"dataset.{key}={value!r} must be a number, e.g. dataset.{key}={EXAMPLES[key]}"
                 for key, value in knobs.items() if not _number(value)]
-    if not problems and ds.get("task") in TASKS:
+    if not problems and ds.task in TASKS:
         problems += _error(lambda: drop_fraction(ds.task, float(knobs["neg_keep"]),
                                                  float(knobs["drop_rate"])))
-    return (problems + _error(lambda: check_protocol(ds.get("split", "paper")))
-            + _error(lambda: check_normalize(ds.get("normalize", "per_channel"))))
+    return (problems + _error(lambda: check_protocol(ds.split))
+            + _error(lambda: check_normalize(ds.normalize)))
 
 
 def scheduler_problems(cfg: DictConfig) -> list[str]:
     """``scheduler.stages`` (the authors' stage schedule) against ``scheduler.milestones``."""
-    sched = cfg.get("scheduler") or {}
-    stages = sched.get("stages")
+    sched = cfg.scheduler
+    stages = sched.stages
     if not stages:
         return []
     if not isinstance(stages, DictConfig):
         return [f"scheduler.stages={stages!r} must be null or {{first: 2000, growth: 3}}"]
+    absent = [key for key in ("first", "growth") if key not in stages]
+    if absent:
+        return [f"scheduler.stages lacks {' and '.join(absent)}: set both, e.g. "
+                "scheduler.stages={first: 2000, growth: 3} (the authors' schedule)"]
     problems = []
-    if list(sched.get("milestones") or []):
+    if list(sched.milestones or []):
         problems.append(f"scheduler.milestones={list(sched.milestones)} and scheduler.stages are both "
                         "set; the lr would drop at both: set scheduler.milestones=[] for the stage "
                         "schedule, or scheduler.stages=null for the milestones")
     dummy = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
-    return problems + _error(lambda: StageDecayLR(dummy, first=stages.get("first"),
-                                                  growth=stages.get("growth", 3.0), gamma=sched.gamma))
+    return problems + _error(lambda: StageDecayLR(dummy, first=stages.first, growth=stages.growth,
+                                                  gamma=sched.gamma))
 
 
 def static_problems(cfg: DictConfig) -> list[str]:
     """What is wrong with ``cfg`` before any data exist (each item: key, value, fix)."""
+    missing = missing_keys(cfg)
+    if missing:
+        return [f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} missing: the code reads "
+                "them with no default (config.yaml and every configs/dataset/*.yaml set them); "
+                "remove the override that deleted them, or give them a value"]
     problems = []
-    seed = cfg.get("seed")
+    seed = cfg.seed
     if isinstance(seed, bool) or not isinstance(seed, int):
         problems.append(f"seed={seed!r} must be an integer (it seeds the split, the initial weights "
                         "and the batch order), e.g. seed=0")
     trainer = cfg.trainer
     for key in POSITIVE_INTS:
-        value = trainer.get(key)
+        value = trainer[key]
         if not _positive_int(value):
             problems.append(f"trainer.{key}={value!r} must be an integer >= 1, e.g. "
                             f"trainer.{key}={EXAMPLES[key]}")
-    if "bntrain_batch_size" in trainer and not _positive_int(trainer.bntrain_batch_size):
+    if not _positive_int(trainer.bntrain_batch_size):
         problems.append(f"trainer.bntrain_batch_size={trainer.bntrain_batch_size!r} must be an integer >= 1 "
                         "(the batch of the BatchNorm-train test evaluation), e.g. trainer.bntrain_batch_size=32")
-    clip = trainer.get("max_grad_norm")
+    clip = trainer.max_grad_norm
     if clip is not None and not (isinstance(clip, (int, float)) and math.isfinite(clip) and clip > 0):
         problems.append(f"trainer.max_grad_norm={clip!r} must be null (no clipping) or a finite "
                         "number > 0, e.g. 5.0")
-    if trainer.get("eval_bn", "eval") not in ("eval", "train"):
-        problems.append(f"trainer.eval_bn={trainer.get('eval_bn')!r} must be eval or train")
-    if trainer.get("precision", "fp32") not in PRECISIONS:
-        problems.append(f"trainer.precision={trainer.get('precision')!r} must be one of "
+    if trainer.eval_bn not in ("eval", "train"):
+        problems.append(f"trainer.eval_bn={trainer.eval_bn!r} must be eval or train")
+    if trainer.precision not in PRECISIONS:
+        problems.append(f"trainer.precision={trainer.precision!r} must be one of "
                         f"{', '.join(PRECISIONS)} (bf16: the model under torch.autocast)")
     conv_impl = OmegaConf.select(cfg, "model.conv_impl")
     if conv_impl is not None and conv_impl not in CONV_IMPLS:
         problems.append(f"model.conv_impl={conv_impl!r} must be one of {', '.join(CONV_IMPLS)} (stock: "
                         "torchvision's convolutions; gemm: the same network as GEMMs; auto: this "
                         "machine's choice, gated and timed)")
-    if not isinstance(trainer.get("checkpoints", True), bool):
-        problems.append(f"trainer.checkpoints={trainer.get('checkpoints')!r} must be true or false")
-    if not isinstance(trainer.get("trust_checkpoint", False), bool):
-        problems.append(f"trainer.trust_checkpoint={trainer.get('trust_checkpoint')!r} must be true "
+    if not isinstance(trainer.checkpoints, bool):
+        problems.append(f"trainer.checkpoints={trainer.checkpoints!r} must be true or false")
+    if not isinstance(trainer.trust_checkpoint, bool):
+        problems.append(f"trainer.trust_checkpoint={trainer.trust_checkpoint!r} must be true "
                         "(unpickle an old-format checkpoint in full) or false")
-    if cfg.get("resume") not in RESUME_VALUES:
-        problems.append(f"resume={cfg.get('resume')!r} must be false, true (continue from "
+    if cfg.resume not in RESUME_VALUES:
+        problems.append(f"resume={cfg.resume!r} must be false, true (continue from "
                         "<run dir>/last.pt) or force (continue although the config differs)")
     task = OmegaConf.select(cfg, "dataset.task")
     if task not in TASKS:
@@ -156,8 +188,8 @@ def static_problems(cfg: DictConfig) -> list[str]:
     if lr is not None and not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr >= 0):
         problems.append(f"optimizer.lr={lr!r} must be a finite number >= 0, e.g. 0.1")
     problems += data_config_problems(cfg) + scheduler_problems(cfg)
-    init_from = trainer.get("init_from")
-    if init_from and not cfg.get("resume") and not Path(str(init_from)).expanduser().is_file():
+    init_from = trainer.init_from
+    if init_from and not cfg.resume and not Path(str(init_from)).expanduser().is_file():
         problems.append(f"trainer.init_from={init_from} does not exist; give a last.pt / best.pt "
                         "of an earlier run (same dataset.task and model), or null")
     cls = objective_class(cfg)
@@ -167,7 +199,7 @@ def static_problems(cfg: DictConfig) -> list[str]:
                         f"dataset.task={task}; use a multi-class objective (objective=auc_ova_lp, "
                         "auc_mu_lp or ce) or dataset.task=binary")
     need = getattr(cls, "min_batch_size", 1)
-    batch = trainer.get("batch_size")
+    batch = trainer.batch_size
     if _positive_int(batch) and batch < need:
         problems.append(f"trainer.batch_size={batch} is too small for objective={cls.__name__}: "
                         f"it compares samples within a batch and needs at least {need} (every "
