@@ -17,7 +17,8 @@ from lpmetrics.run import loop
 from omegaconf import OmegaConf
 from lpmetrics.objectives.ce import CrossEntropy
 from lpmetrics.packed.launch import Job, train_packed
-from lpmetrics.run.runfolder import ADDED_DEFAULTS, config_differences
+from lpmetrics.run.runfolder import config_differences
+from lpmetrics.run.upgrade import ADDED_DEFAULTS
 from lpmetrics.errors import ConfigError
 from lpmetrics.run.validate import validate
 

@@ -77,7 +77,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lpmetrics.run.runfolder import ADDED_DEFAULTS  # keys added later, with their old behaviour
+from lpmetrics.run.upgrade import ADDED_DEFAULTS  # keys added later, with their old behaviour
 from lpmetrics.run.targets import short_targets
 from scripts.tables import queue_order
 from scripts.tables.paper_numbers import PAPER
