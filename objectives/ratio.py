@@ -69,7 +69,7 @@ measured on P@R).
 Capture-safe form (``solver.capture_safe``; :meth:`RatioLPLoss.capture_safe_form`, what the packed
 launcher trains on CUDA): the same LP with shapes fixed by the batch size (the dropped lower rows
 kept as rows that are never tight, :func:`objectives.fractional.charnes_cooper_lp` with
-``static=True``), its closed-form vertex certified on the device (:mod:`solver.capture_guess`),
+``static=True``), its closed-form vertex certified on the device (:mod:`solver.capture.guess`),
 a batch without positives zeroed on the device: the same loss and gradient wherever the vertex
 certifies, and ``lp_converged`` < 1 recorded where it does not.  P@R has none (its recall clamp
 reads the host, and its guess often needs Newton).
@@ -186,7 +186,7 @@ class RatioLPLoss(Objective):
     def capturable(self) -> bool:
         """With ``solver.capture_safe``: fixed shapes and no host sync in forward and backward
         (the LP built with ``static=True``, its closed-form vertex certified on the device by
-        :mod:`solver.capture_guess`; ``tests/test_objectives_capture_f1.py``)."""
+        :mod:`solver.capture.guess`; ``tests/test_objectives_capture_f1.py``)."""
         return bool(self.solver_options.get("capture_safe"))
 
     def capture_safe_form(self) -> "RatioLPLoss | None":
