@@ -185,7 +185,8 @@ def capture_twin(objective, logits: torch.Tensor, labels: torch.Tensor, *, solve
     for name, value in attrs.items():
         setattr(twin, name, value)
     if solver:
-        forward = twin.solver_options.get("forward", "auto")
+        from lpmetrics.solver import SolverOptions
+        forward = SolverOptions.from_kwargs(twin.solver_options).forward   # unset: the typed default
         twin.solver_options = {**twin.solver_options, "capture_safe": True,
                                "forward": "newton" if forward == "auto" else forward}
     try:
