@@ -41,6 +41,7 @@ def digits_lane(monkeypatch, tmp_path, queue_dir):
     """A copy of the digits campaign folder and an empty lane folder; the lane takes digits' cell."""
     monkeypatch.setattr(lane, "CELLS", (("digits", 0.1),))
     monkeypatch.setattr(lane, "POLL_S", 0.5)
+    monkeypatch.setattr(lane, "NICE", 0)   # at nice 19 the trainings starve behind the suite's other worker
     monkeypatch.setattr(lane, "gpu_present", lambda: False)
     camp = tmp_path / "campaign"
     shutil.copytree(queue_dir, camp)

@@ -81,7 +81,7 @@ REFUSED_BEFORE_DATA = [
     (["dataset.normalize=tf"], r"dataset.normalize='tf' must be one of per_channel, per_image"),
     (["scheduler.stages={first:2000,growth:3}"],
      r"scheduler.milestones=\[2000, 10000, 25000\] and scheduler.stages are both set; .* set scheduler.milestones=\[\]"),
-    (["scheduler.stages={first:-5}", "scheduler.milestones=[]"], r"scheduler.stages.first=-5 must be an integer >= 1"),
+    (["scheduler.stages={first:-5,growth:3}", "scheduler.milestones=[]"], r"scheduler.stages.first=-5 must be an integer >= 1"),
 ]
 
 

@@ -64,6 +64,7 @@ LANE_NOTE = "CPU lane: its queue entry trained by train.py on a CPU (scripts/cam
 DEFAULT_LANE_DIR = Path(os.environ.get("LPMETRICS_LANE", Path.home() / "lpmetrics_lane"))
 POLL_S = 30.0
 MAX_FAILURES = 2   # a run that exits non-zero this often without progress is left for a person
+NICE = 19         # the trainings yield the CPU to the session's own work (tests, benchmarks)
 GPU_RECIPE = "docs/reproducing.md (the window on a lent GPU: scripts/campaign/gpu_window.sh)"
 
 
@@ -193,7 +194,7 @@ def data_root() -> str | None:
 
 def train_command(entry: dict, code: Path, run: LaneRun, resume: bool, extra: list[str]) -> list[str]:
     """``nice python <code>/train.py experiment=... <entry overrides> ...`` for one run."""
-    return ["nice", "-n", "19", sys.executable, str(code / "train.py"), f"experiment={entry['experiment']}",
+    return ["nice", "-n", str(NICE), sys.executable, str(code / "train.py"), f"experiment={entry['experiment']}",
             *entry["overrides"], "logger=csv", f"hydra.run.dir={run.folder}", *extra,
             *(["resume=true"] if resume else [])]
 
@@ -217,7 +218,7 @@ def conv_override(entry: dict, code: Path, run: LaneRun, resume: bool, extra: li
         return [f"model.conv_impl={model.get('conv_impl') or 'stock'}"]
     cmd = [sys.executable, "-m", "scripts.campaign.conv_choice", f"experiment={entry['experiment']}",
            *entry["overrides"], *extra]
-    proc = subprocess.run(["nice", "-n", "19", *cmd], cwd=code, env=train_env(), capture_output=True, text=True)
+    proc = subprocess.run(["nice", "-n", str(NICE), *cmd], cwd=code, env=train_env(), capture_output=True, text=True)
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("CONV ")), None)
     record = json.loads(line[5:]) if line else None
     if line and record is None:
