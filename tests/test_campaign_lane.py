@@ -46,7 +46,9 @@ def digits_lane(monkeypatch, tmp_path, queue_dir):
     camp = tmp_path / "campaign"
     shutil.copytree(queue_dir, camp)
     yield camp, tmp_path / "lane"
-    subprocess.run(["git", "worktree", "prune"], cwd=ROOT, check=False)
+    for code in (tmp_path / "lane" / "code").glob("*/"):   # the lane's code snapshots: git worktrees
+        subprocess.run(["git", "worktree", "remove", "--force", str(code)], cwd=ROOT, check=False,
+                       capture_output=True)
 
 
 def cpu(camp: Path, lane_dir: Path, *args: str) -> int:
