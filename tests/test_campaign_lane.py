@@ -161,9 +161,11 @@ def test_a_second_start_runs_nothing_twice(digits_lane, capsys):
     with open(run.lock_path, "a+") as held:
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
         sup = lane.Lane(lane_dir, camp, jobs=2, log=lambda m: None)
+        started = []
+        sup.start_run = lambda entry, code, commit: started.append(entry["key"])
         assert run.locked()
-        keys = [e["key"] for e in sup.candidates() if not lane.LaneRun.of(lane_dir, e["key"]).locked()]
-        assert keys == ["digits_nk0.1_auc_lp_lr0.1_s0"]
+        sup.fill(ROOT, "0" * 40)
+        assert started == ["digits_nk0.1_auc_lp_lr0.1_s0"]
 
 
 def test_refusals_another_protocol_a_gpu_and_a_foreign_results(digits_lane, monkeypatch, capsys):
@@ -210,3 +212,28 @@ def test_a_resumed_run_keeps_its_convolution_path(tmp_path, model, expected):
     (run.folder / ".hydra" / "config.yaml").write_text(json.dumps({"model": model}))
     assert lane.conv_override({"key": "k"}, ROOT, run, resume=True, extra=[]) == expected
     assert lane.conv_override({"key": "k"}, ROOT, run, resume=True, extra=["model.conv_impl=stock"]) == []
+
+
+def test_fold_cpu_records_a_diverged_entry_once(queue_dir, tmp_path):
+    from scripts.campaign import fold as campaign_fold
+    camp = tmp_path / "campaign"
+    shutil.copytree(queue_dir, camp)
+    entry = json.loads((camp / "queue.json").read_text())["entries"][0]
+    with campaign.composer() as compose:
+        cfg, _ = campaign_queue.compose_entry(compose, entry["overrides"], entry["experiment"])
+    config = campaign_queue.composed_config(cfg)
+    assert campaign_queue.config_sha(config) == entry["config_sha"]
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "results.json").write_text(json.dumps({"config": config, "diverged": {"reason": "loss is nan"},
+                                                  "final": {"step": 120}}))
+    assert campaign_fold.fold_cpu([run], camp, log=lambda m: None, entry_only=True)["diverged"] == 1
+    record = json.loads((camp / "ledger.json").read_text())["runs"][entry["key"]]
+    assert record["status"] == "diverged" and record["why"] == "loss is nan" and record["kind"] == "cpu"
+    assert not (camp / "runs" / entry["key"]).exists()   # no folder: no table pools a shorter run
+    assert campaign_fold.fold_cpu([run], camp, log=lambda m: None, entry_only=True)["unchanged"] == 1
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "results.json").write_text(json.dumps({"config": {**config, "seed": 9}, "final": {"step": STEPS}}))
+    with pytest.raises(campaign_fold.FoldError, match="its protocol is no entry of queue"):
+        campaign_fold.fold_cpu([foreign], camp, entry_only=True)

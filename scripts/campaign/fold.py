@@ -199,7 +199,10 @@ def fold_cpu(run_dirs: list[Path], folder: Path, note: str = CPU_NOTE, log=print
         entry = by_sha.get(campaign_queue.config_sha(res["config"]))
         if entry is None and entry_only:
             raise FoldError(f"{d}: its protocol is no entry of queue {queue['version']}; not folded")
-        if entry is not None and res.get("diverged") and entry["key"] not in ledger["runs"]:
+        if entry is not None and res.get("diverged"):
+            if entry["key"] in ledger["runs"]:   # folded before (or done elsewhere): keep that record
+                counts["unchanged" if ledger["runs"][entry["key"]].get("record_sha") == digest(res) else "duplicate"] += 1
+                continue
             why = str(res["diverged"].get("reason"))
             ledger["runs"][entry["key"]] = {"status": "diverged", "kind": "cpu", "source": d.name, "why": why,
                                             "record_sha": digest(res), "step": (res.get("final") or {}).get("step"),

@@ -376,7 +376,7 @@ def fold_finished(lane_dir: Path, campaign_dir: Path, log=print) -> list[str]:
     commit = git("rev-parse", "HEAD")
     folded = []
     for folder in sorted((lane_dir / "runs").glob("*/")):
-        run = LaneRun(folder, LaneRun.of(lane_dir, folder.name).info)
+        run = LaneRun.of(lane_dir, folder.name)
         key, res = folder.name, run.results()
         if res is None or run.locked() or run.info.get("folded") or key in ledger.get("runs", {}):
             continue
