@@ -23,5 +23,8 @@ machine_txt() {
       || echo "no nvidia-smi"
     (cd "$ROOT" && $PY -c "import json, hydra, torch; from lpmetrics.run import provenance; \
 print('hydra', hydra.__version__, json.dumps(provenance.record('cuda' if torch.cuda.is_available() else 'cpu')))"); \
+    # why a record says dirty: what git sees there (no .git: the stamp's fingerprint decided)
+    if [ -e "$ROOT/.git" ]; then echo "git status there:"; git -C "$ROOT" status --porcelain 2>&1 | head -n 20; \
+    else echo "no .git there"; fi
   } > "$1" 2>&1
 }
