@@ -56,6 +56,10 @@ runs ``train.py`` would. So a window, before it trains, takes its first planned 
 3. **chooses** the fastest passing candidate. A window chooses once, on its first planned pack,
    and trains every pack in that mode (``train_packed(mode=)``; a pack that cannot take it runs
    ``auto``).
+4. **times one evaluation** of the chosen candidate's pack, as the launcher evaluates it
+   (:func:`evaluation_ms`): with the timed step, what the window's plan is priced again with, since
+   a pack's step and evaluation in the chosen mode differ from the probe's line through packs of
+   1 and 8 in another mode.
 
 Budget: everything (building the runs, the lone references, the gates, the timing) counts
 against ``budget_s``; timing stops when it runs out and the choice is made among what was timed.
@@ -72,7 +76,8 @@ reason, or ``None``), ``default``, ``device``, ``precision``, ``runs`` (names), 
 run, ``reference_distance`` :math:`r_i` per run, ``gate_ratio`` :math:`\max_i d_i / \max(r_i,
 \varepsilon_{32})`, ``passed``, ``ms_per_run_step`` and ``timed_steps``, ``why`` when it was not
 available, failed, raised or was not timed), ``timing`` (``warm_steps``, ``timed_steps`` at most,
-``interleaved``, ``cuda_graph``), ``budget_s``, ``elapsed_s``.
+``interleaved``, ``cuda_graph``), ``evaluation`` (``ms`` of one evaluation of the chosen pack, or
+``None`` and ``why``; absent where nothing was chosen by timing), ``budget_s``, ``elapsed_s``.
 """
 from __future__ import annotations
 
@@ -123,6 +128,7 @@ class Trial:
     packed_step: Callable[[str], object]
     lone: Callable[[int, torch.dtype], Lone]
     model: torch.nn.Module
+    rows: list | None = None   # the runs as prepared (cfg, bundle, eval_splits): the evaluation timed
 
 
 #: modes that run each run's own kernels in its own layout: they pass the gate only at distance 0
@@ -325,8 +331,27 @@ def choose(trial: Trial, budget_s: float = BUDGET_S, cuda_graph: bool = False,
         rates = ", ".join(f"{r['mode']} {r['ms_per_run_step']:.3g}" for r in timed)
         record.update(chosen=best["mode"], fell_back=None,
                       why=f"fastest passing candidate (ms per run-step: {rates})")
+        record["evaluation"] = evaluation_ms(trial, runners[best["mode"]], deadline)
     record["elapsed_s"] = round(time.monotonic() - start, 2)
     return record
+
+
+def evaluation_ms(trial: Trial, runner, deadline: float) -> dict:
+    """``{"ms", "why"}``: one evaluation of the chosen candidate's pack, as the launcher evaluates
+    at a step where every run is due (:func:`packed.speed.pack_eval_ms`), so the plan can price
+    this pack's evaluations as measured (``scripts.campaign.cli.reprice_plan``); ``ms`` is
+    ``None`` (with ``why``) without rows, past the budget, or where it raised (it never changes
+    the choice)."""
+    from lpmetrics.packed.speed import pack_eval_ms
+    if trial.rows is None:
+        return {"ms": None, "why": "no runs to evaluate"}
+    if time.monotonic() >= deadline:
+        return {"ms": None, "why": "not timed: the budget ran out"}
+    stepper = getattr(runner, "stepper", runner)   # a graphed step holds the pack's stepper
+    try:
+        return {"ms": round(pack_eval_ms(stepper.packed, trial.rows, trial.device), 1), "why": None}
+    except Exception as err:   # noqa: BLE001 -- e.g. out of memory: recorded, the choice stands
+        return {"ms": None, "why": f"raised: {_first_line(err)}"}
 
 
 def trial_from_jobs(jobs: list, work: Path, max_pack: int | None = None, steps: int = STEPS) -> Trial:
@@ -355,7 +380,7 @@ def trial_from_jobs(jobs: list, work: Path, max_pack: int | None = None, steps: 
                for xs, ys in (zip(*drawn) for drawn in alone)]
     return Trial(names, device, str(runs[0].cfg.trainer.precision), autocast_dtype(runs[0].cfg),
                  batches, alone, lambda mode: _fresh_pack(runs, mode),
-                 lambda i, dtype: _fresh_lone(runs[i], dtype), runs[0].model)
+                 lambda i, dtype: _fresh_lone(runs[i], dtype), runs[0].model, runs)
 
 
 def _attached(run, model, objective) -> tuple:

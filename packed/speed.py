@@ -1,4 +1,5 @@
-"""Packed step vs the same runs as separate steps: :func:`build_runs`, :func:`interleaved_ms`.
+"""Packed step vs the same runs as separate steps: :func:`build_runs`, :func:`interleaved_ms`;
+a pack's evaluation: :func:`pack_eval_ms`.
 
     OMP_NUM_THREADS=1 python -m lpmetrics.packed.speed                         # CPU, N=4
     python -m lpmetrics.packed.speed --device cuda --n 1 8 24 --models resnet18   # GPU, an N sweep
@@ -84,6 +85,48 @@ class Runs:
     stepper: PackedStep
     x: torch.Tensor
     y: torch.Tensor
+
+
+def pack_eval_ms(packed, rows: list, device: torch.device = torch.device("cpu")) -> float:
+    """Wall milliseconds of one evaluation of every run of ``packed``, made as the packed launcher
+    makes it at a step where all its runs are due (:func:`packed.launch._evaluate_runs`): the
+    pack's passes over the evaluation sets in its own forward mode
+    (:class:`packed.evaluate.PackEvaluator`; a pack of one goes to :func:`builders.predict`, as
+    there), then :func:`run.evaluation.evaluate` of each run's evaluation splits with those
+    logits: its own BatchNorm mode on val and test, and test once more in the other mode (batches
+    of ``trainer.bntrain_batch_size``), each scored on the host. ``rows[i]``: run ``i``'s ``cfg``,
+    ``bundle`` and ``eval_splits`` (a :class:`run.job.Run`, or :class:`EvalRow`).
+
+    Why not one lone model's evaluation: a pack of N pays N runs' passes and metrics, through a
+    forward whose cost depends on the mode (``loop``: each run's kernels in turn); on an H200
+    (ResNet-18, CIFAR-10, ``eval_every`` 2000) a pack of two took 3.3 s (``gemm``) and 3.75 s
+    (``loop``) per evaluation, one lone model's 1.23 s. Not timed: the run's bookkeeping after its
+    metrics (``metrics.csv``, the logger), milliseconds against seconds."""
+    from lpmetrics.packed.evaluate import PackEvaluator
+    from lpmetrics.run.evaluation import evaluate
+    runs = dict(enumerate(rows))
+    _sync(device)
+    t0 = time.perf_counter()
+    with PackEvaluator(packed, device).serving(runs) as predict_fn:
+        for i, row in runs.items():
+            for split in row.eval_splits:
+                evaluate(packed.models[i], row.bundle, split, row.cfg, device, predict_fn)
+    _sync(device)
+    return 1000 * (time.perf_counter() - t0)
+
+
+@dataclass
+class EvalRow:
+    """What a run's evaluation reads of it (:func:`pack_eval_ms`), for a probe without a
+    :class:`run.job.Run`: its config and data; its evaluation splits by the run's own rule."""
+
+    cfg: object
+    bundle: object
+
+    @property
+    def eval_splits(self) -> tuple[str, ...]:
+        from lpmetrics.run.job import Run
+        return Run.eval_splits.fget(self)
 
 
 def build_runs(make, shape, batch: int, n: int, device: torch.device = torch.device("cpu"),

@@ -15,9 +15,11 @@ objectives and one evaluation on this device (:func:`gpu_tables.measure`), keeps
 cell's runs of one seed: every lr and objective) in queue order while they fit 80 % of the budget,
 then single runs of the next block that still fit whole -- never a shortened run --, checks each
 kept entry still composes to its queued protocol (an entry that does not is reported with its key
-and skipped), and trains them as packs (:func:`packed.launch.train_packed`) under a deadline with
-``trainer.checkpoints=false``. It writes only ``plan.json`` and ``runs.jsonl.gz`` (each run's
-``results.json`` and ``metrics.csv``, tagged with the queue version) under ``--out``. ``fold``
+and skipped); where the pack-mode selector timed the first pack, prices the kept runs again with
+its measurement and drops from the end those that no longer fit (they stay pending); and trains
+them as packs (:func:`packed.launch.train_packed`) under a deadline with ``trainer.checkpoints=false``.
+It writes only ``plan.json`` and ``runs.jsonl.gz`` (each run's ``results.json`` and ``metrics.csv``,
+tagged with the queue version) under ``--out``. ``fold``
 (:mod:`scripts.campaign.fold`) turns them into run folders under ``results/paper_tables/runs/`` and the
 ledger; a run stopped before its 40k steps is recorded there as an attempt, not as done.
 """
@@ -30,6 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from scripts.campaign import cost as campaign_cost
 from scripts.campaign import fold as campaign_fold
 from scripts.campaign import gpu_tables   # the probe, the margin, export
 from scripts.campaign import lane as campaign_lane
@@ -120,6 +123,7 @@ def probe(entries: list[dict], extra: list[str], args) -> tuple[dict, object]:
     probed = [o for o in objectives if f"step_ms_per_run_{o}" in speed]
     solo = measure_each(cfg, overrides, device, 1, args, probed, first["experiment"])
     speed.update({f"step_ms_solo_{o}": solo[f"step_ms_per_run_{o}"] for o in probed if f"step_ms_per_run_{o}" in solo})
+    speed["eval_ms_solo"] = solo["eval_ms"]   # a pack of one's evaluation: with eval_ms, cost.eval_line
     speed["families"] = {o: str(gpu_tables.compose_job([*overrides, f"objective={o}"], first["experiment"])
                                 .optimizer._target_) for o in probed}
     speed.update(device=str(device), torch=torch.__version__)
@@ -243,7 +247,9 @@ def run(args) -> int:
     (:func:`probe`), or, with rates given (``--speed``: no probe), on the first planned pack after
     the plan (its time then comes out of training, under the deadline); the packs train in the
     mode it chose, and ``plan.json``'s ``pack_mode`` holds its record with ``probed_mode`` (the
-    mode the rates were measured in; ``None`` for rates without one)."""
+    mode the rates were measured in; ``None`` for rates without one). Where the selector ran, the
+    kept runs are priced again with what it measured on the real pack (:func:`reprice_plan`); those
+    that no longer fit are dropped from the end before training."""
     from lpmetrics.run.builders import resolve_device
     start = time.monotonic()
     out = Path(args.out)
@@ -267,8 +273,16 @@ def run(args) -> int:
             "chosen": "auto", "why": "selector off (run --select-mode to choose; on by default on CUDA)"}),
             "probed_mode": plan["speed"].get("mode")}
         (out / "plan.json").write_text(json.dumps(plan, indent=1))
-    eval_ms = plan["speed"].get("eval_ms", 0.0)
-    reserve_s = 1.5 * len(jobs) * eval_ms / 1000 + 10   # every run's last evaluation, and the export
+    if args.pack_select is not None:   # the selector timed the real first pack: price the plan again
+        left = gpu_tables.MARGIN * (args.budget_s - (time.monotonic() - start))
+        kept = reprice_plan(plan, kept, args.pack_select, {e["key"]: e for e in queue["entries"]},
+                            args.eval_every, left)
+        jobs = [j for j in jobs if j.name in plan["kept"]]
+        run_dirs = {k: d for k, d in run_dirs.items() if k in plan["kept"]}
+        (out / "plan.json").write_text(json.dumps(plan, indent=1))
+        if not kept:
+            return 0
+    reserve_s = 1.5 * last_eval_s(plan, len(jobs)) + 10   # the last evaluation at the deadline, and the export
     outcomes = campaign_submit.train_and_export(jobs, run_dirs, out, queue["version"], run_id,
                                                 deadline=start + args.budget_s - reserve_s, max_pack=args.max_pack,
                                                 cuda_graph=args.cuda_graph, mode=args.pack_mode,
@@ -280,6 +294,58 @@ def run(args) -> int:
           + ", ".join(f"{k}: {v}" for k, v in plan["outcome"].items()) + f"); {time.monotonic() - start:.0f} s",
           flush=True)
     return 1 if len(failed) == len(jobs) else 0
+
+
+def reprice_plan(plan: dict, kept: list[dict], record: dict, entries: dict[str, dict], eval_every: int,
+                 avail: float) -> list[dict]:
+    """Price ``kept`` again once the pack-mode selector's ``record`` has timed the real first pack
+    (:func:`cost.timed_pack`: its step in the chosen mode, its evaluation) and keep the longest
+    queue-order prefix that fits ``avail`` seconds (what is left of the budget, under the margin):
+    the probe prices a pack of N on a line through packs of 1 and ``pack_n``, and in a pack of two
+    an H200 took 4.8 ms a step (``loop``) where that line gave 3.5 ms, so both runs of a planned
+    189 s stopped at step 35,899 of 40,000. A dropped run stays pending: ``plan["kept"]`` no longer
+    holds it, so ``gpu_window.sh`` does not mark it planned and a later command can take it.
+    Records ``reprice`` in ``plan`` (projections before, re-priced and after, what was dropped
+    and why), updates ``kept``, ``projected_s`` and ``cost_alone_s``, prints one line; returns
+    the entries that stay."""
+    before = plan["projected_s"]
+    timed, why = campaign_cost.timed_pack(record, plan["speed"], entries)
+    if timed is not None and not timed.runs & {e["key"] for e in kept}:
+        timed, why = None, "the selector timed a pack none of the kept runs is in"
+    if timed is None:
+        plan["reprice"] = {"why": f"not re-priced: {why}", "projected_before_s": before}
+        print(f"re-price: none ({why}); projected {before} s stands", flush=True)
+        return kept
+    cost_of = campaign_cost.pack_cost(plan["speed"], eval_every, timed)
+    whole = cost_of(kept)
+    stay, total, dropped = campaign_cost.reprice(kept, cost_of, avail)
+    rate, _ = campaign_cost.chosen_rate(record)
+    measured = {"mode": record["chosen"], "runs": sorted(timed.runs), "ms_per_run_step": rate,
+                "eval_ms": (record.get("evaluation") or {}).get("ms"),
+                "step_scale": round(timed.step, 3), "eval_scale": round(timed.evaluation, 3)}
+    reason = (f"re-priced at the selector's timing the kept runs need {whole:.1f} s, {avail:.1f} s left: "
+              "it would not finish (never a shortened run); it stays pending for a later command")
+    plan["reprice"] = {"measured": measured, "projected_before_s": before, "projected_repriced_s": round(whole, 1),
+                       "projected_after_s": round(total, 1), "available_s": round(avail, 1),
+                       "dropped": [{"key": e["key"], "why": reason} for e in dropped]}
+    plan.update(kept=[e["key"] for e in stay], projected_s=round(total, 1),
+                cost_alone_s={k: v for k, v in plan.get("cost_alone_s", {}).items() if k in {e["key"] for e in stay}})
+    if not stay:
+        plan["note"] = f"nothing fits once re-priced: {whole:.0f} s needed, {avail:.0f} s left"
+    print(f"re-price: {measured['mode']} pack of {len(timed.runs)} timed at {rate} ms per run-step"
+          + (f", {measured['eval_ms'] / 1000:.2f} s per evaluation" if measured["eval_ms"] is not None else "")
+          + f": projected {before} s -> {whole:.1f} s of {avail:.1f} s left; "
+          + (f"dropped {len(dropped)} ({', '.join(e['key'] for e in dropped)}), {len(stay)} run(s) "
+             f"projected {total:.1f} s" if dropped else "all kept"), flush=True)
+    return stay
+
+
+def last_eval_s(plan: dict, n: int) -> float:
+    """Seconds of the evaluation a pack of ``n`` makes when the deadline stops it
+    (:func:`cost.eval_line`), or the selector's measurement of its pack where larger."""
+    e_a, e_b = campaign_cost.eval_line(plan["speed"]) if "eval_ms" in plan["speed"] else (0.0, 0.0)
+    measured = (plan.get("pack_mode") or {}).get("evaluation") or {}
+    return max(e_a + e_b * n, measured.get("ms") or 0.0) / 1000
 
 
 #: what a user can get wrong (a folder, a file, a queue that no longer matches): one typed line, exit 1
