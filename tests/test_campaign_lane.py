@@ -4,12 +4,15 @@ folds them with both commits recorded, resumes a run killed with SIGKILL to the 
 as an uninterrupted run, runs nothing twice, and refuses what it must refuse."""
 from __future__ import annotations
 
+import argparse
 import fcntl
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -43,12 +46,28 @@ def digits_lane(monkeypatch, tmp_path, queue_dir):
     monkeypatch.setattr(lane, "POLL_S", 0.5)
     monkeypatch.setattr(lane, "NICE", 0)   # at nice 19 the trainings starve behind the suite's other worker
     monkeypatch.setattr(lane, "gpu_present", lambda: False)
+    monkeypatch.setattr(lane, "STUDIES", ())   # the queue alone; digits_study adds a study
     camp = tmp_path / "campaign"
     shutil.copytree(queue_dir, camp)
     yield camp, tmp_path / "lane"
     for code in (tmp_path / "lane" / "code").glob("*/"):   # the lane's code snapshots: git worktrees
         subprocess.run(["git", "worktree", "remove", "--force", str(code)], cwd=ROOT, check=False,
                        capture_output=True)
+
+
+@pytest.fixture
+def digits_study(digits_lane, monkeypatch, tmp_path):
+    """The digits lane with a two-run study ``prec``: fp32 and bf16 twins of the ce entry, shorter."""
+    runs = tmp_path / "prec_runs.txt"
+    runs.write_text("# twins\n" + "".join(
+        f"ce_{p}|digits_nk0.1_ce_lr0.1_s0|trainer.precision={p} trainer.max_steps={STUDY_STEPS}\n"
+        for p in ("fp32", "bf16")))
+    monkeypatch.setattr(lane, "STUDIES", (("prec", runs),))
+    return digits_lane
+
+
+STUDY_STEPS = 200
+QUEUE_KEYS = ["digits_nk0.1_ce_lr0.1_s0", "digits_nk0.1_auc_lp_lr0.1_s0"]
 
 
 def cpu(camp: Path, lane_dir: Path, *args: str) -> int:
@@ -237,3 +256,149 @@ def test_fold_cpu_records_a_diverged_entry_once(queue_dir, tmp_path):
     (foreign / "results.json").write_text(json.dumps({"config": {**config, "seed": 9}, "final": {"step": STEPS}}))
     with pytest.raises(campaign_fold.FoldError, match="its protocol is no entry of queue"):
         campaign_fold.fold_cpu([foreign], camp, entry_only=True)
+
+
+# ----------------------------------------------------------------------------- the studies' stage
+
+
+def order(camp: Path, lane_dir: Path, **kw) -> list[str]:
+    return [e["key"] for e in lane.Lane(lane_dir, camp, jobs=2, log=lambda m: None, **kw).candidates()]
+
+
+def test_started_runs_then_the_study_then_the_queue(digits_study):
+    camp, lane_dir = digits_study
+    assert order(camp, lane_dir) == ["prec/ce_fp32", "prec/ce_bf16", *QUEUE_KEYS]
+    assert order(camp, lane_dir, studies=()) == QUEUE_KEYS
+    lane.LaneRun.of(lane_dir, QUEUE_KEYS[1]).folder.mkdir(parents=True)   # a queue run begun earlier
+    assert order(camp, lane_dir) == [QUEUE_KEYS[1], "prec/ce_fp32", "prec/ce_bf16", QUEUE_KEYS[0]]
+    assert order(camp, lane_dir, studies=()) == [QUEUE_KEYS[1], QUEUE_KEYS[0]]
+    bf16 = lane.LaneRun.of(lane_dir, "prec/ce_bf16")
+    bf16.folder.mkdir(parents=True)                                        # a study run begun earlier
+    assert bf16.folder == lane_dir / "studies" / "prec" / "ce_bf16"
+    assert order(camp, lane_dir) == [QUEUE_KEYS[1], "prec/ce_bf16", "prec/ce_fp32", QUEUE_KEYS[0]]
+    (bf16.folder / "results.json").write_text(json.dumps({"final": {"step": STUDY_STEPS}}))
+    assert order(camp, lane_dir) == [QUEUE_KEYS[1], "prec/ce_fp32", QUEUE_KEYS[0]]   # finished: not again
+
+
+def test_on_this_machine_the_two_started_runs_then_the_precision_study(tmp_path):
+    """The committed queue and study list, with the two runs this machine's lane has begun."""
+    folder = campaign_queue.DEFAULT_DIR
+    queue, ledger = campaign_queue.load(folder)
+    started = ["cifar10_nk0.1_ce_lr0.1_s0", "cifar10_nk0.1_auc_lp_lr0.01_s0"]
+    for key in started:
+        lane.LaneRun.of(tmp_path, key).folder.mkdir(parents=True)
+    keys = [e["key"] for e in lane.lane_order(queue, {**ledger, "runs": {}}, folder, tmp_path, studies=lane.STUDIES)]
+    study = [f"cpu_precision/{o}_lr{lr}_{p}_s{s}" for s in (0, 1) for o, lr in (("ce", 0.1), ("auc_lp", 0.01))
+             for p in ("fp32", "bf16")]
+    assert keys[:10] == [*started, *study]
+    assert keys[10] == "cifar10_nk0.1_ce_lr0.01_s0" and len(keys) == 24 + 8
+
+
+def test_a_started_study_run_resumes_and_a_locked_one_is_not_run_twice(digits_study, monkeypatch):
+    camp, lane_dir = digits_study
+    begun = lane.LaneRun.of(lane_dir, "prec/ce_bf16")
+    begun.folder.mkdir(parents=True)
+    (begun.folder / "last.pt").write_bytes(b"a checkpoint")
+    calls = []
+
+    def command(entry, code, run, resume, extra):
+        calls.append((entry["key"], resume, run.folder))
+        return [sys.executable, "-c", "pass"]
+    monkeypatch.setattr(lane, "train_command", command)
+    monkeypatch.setattr(lane, "conv_override", lambda *a, **k: [])
+    sup = lane.Lane(lane_dir, camp, jobs=2, log=lambda m: None)
+    sup.fill(ROOT, "0" * 40)
+    assert calls == [("prec/ce_bf16", True, begun.folder),
+                     ("prec/ce_fp32", False, lane_dir / "studies" / "prec" / "ce_fp32")]
+    info = json.loads((begun.folder / "lane.json").read_text())
+    assert info["study"] == "prec" and info["base"] == QUEUE_KEYS[0] and info["steps"] == STUDY_STEPS
+    for child in sup.children.values():
+        child.wait()
+    sup.children.clear()
+    # a training holding a study run's lock keeps every other lane off it
+    with open(begun.lock_path, "a+") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        started = []
+        sup.start_run = lambda entry, code, commit: started.append(entry["key"])
+        sup.fill(ROOT, "0" * 40)
+    assert started == ["prec/ce_fp32", QUEUE_KEYS[0]]
+
+
+def test_a_study_folder_of_other_overrides_is_refused(digits_study):
+    camp, lane_dir = digits_study
+    run = lane.LaneRun.of(lane_dir, "prec/ce_fp32")
+    run.info = {"key": "prec/ce_fp32", "config_sha": "0123456789abcdef"}
+    run.save()
+    sup = lane.Lane(lane_dir, camp, jobs=1, log=lambda m: None)
+    with campaign.composer() as compose:
+        entry = next(e for e in sup.candidates() if e["key"] == "prec/ce_fp32")
+        assert "holds protocol 0123456789abcdef" in sup.check_entry(entry, compose)
+        twin = next(e for e in sup.candidates() if e["key"] == "prec/ce_bf16")
+        assert sup.check_entry(twin, compose) is None and twin["config_sha"] != entry["config_sha"]
+
+
+def test_no_studies_leaves_the_stage_out_of_start_status_and_the_background_lane(digits_study, monkeypatch, capsys):
+    camp, lane_dir = digits_study
+    seen = []
+    monkeypatch.setattr(lane.Lane, "supervise", lambda self, commit, once=False: seen.append(self.studies) or 0)
+    assert cpu(camp, lane_dir, "start", "--no-studies") == 0 and cpu(camp, lane_dir, "start") == 0
+    assert seen == [(), lane.STUDIES]
+    capsys.readouterr()
+    assert cpu(camp, lane_dir, "status", "--no-studies") == 0
+    assert "prec/" not in capsys.readouterr().out
+    assert cpu(camp, lane_dir, "status") == 0
+    assert "prec/ce_fp32" in capsys.readouterr().out
+    args = argparse.Namespace(dir=str(camp), jobs=2, all=False, force=False, set=[], no_studies=True)
+    assert lane.background_argv(args, lane_dir)[-1] == "--no-studies"
+    assert "--no-studies" not in lane.background_argv(argparse.Namespace(**{**vars(args), "no_studies": False}), lane_dir)
+
+
+def test_the_lane_trains_a_study_never_folds_it_and_never_twice(digits_study, monkeypatch, capsys):
+    """The study alone (no cell: the order with the queue is the test above; two trainings, not four)."""
+    camp, lane_dir = digits_study
+    monkeypatch.setattr(lane, "CELLS", ())
+    assert cpu(camp, lane_dir, "start") == 0
+    out = capsys.readouterr().out
+    assert re.findall(r"lane: started (\S+) \(new", out) == ["prec/ce_fp32", "prec/ce_bf16"]
+    assert "nothing left to train" in out
+    assert campaign_queue.load(camp)[1]["runs"] == {} and not (camp / "runs").exists()   # never folded
+    runs = {p: lane.LaneRun.of(lane_dir, f"prec/ce_{p}") for p in ("fp32", "bf16")}
+    for p, run in runs.items():
+        res = run.results()
+        assert res["final"]["step"] == STUDY_STEPS and res["config"]["trainer"]["precision"] == p
+        assert run.info["study"] == "prec" and "folded" not in run.info
+    before = {p: (run.folder / "metrics.csv").read_bytes() for p, run in runs.items()}
+    assert cpu(camp, lane_dir, "start") == 0                          # again: nothing trains
+    assert "lane: started" not in capsys.readouterr().out
+    assert {p: (run.folder / "metrics.csv").read_bytes() for p, run in runs.items()} == before
+    assert all(len(lane.LaneRun.of(lane_dir, f"prec/ce_{p}").info["segments"]) == 1 for p in runs)
+    assert cpu(camp, lane_dir, "status") == 0
+    rows = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("prec/")]
+    assert len(rows) == 2 and all(" finished " in ln and f"{STUDY_STEPS}/{STUDY_STEPS}" in ln for ln in rows)
+
+
+@pytest.mark.slow   # ~90 s on a loaded 2-core machine: three train.py processes
+def test_a_killed_study_run_resumes_to_the_uninterrupted_metrics(digits_study, tmp_path, monkeypatch):
+    camp, lane_dir = digits_study
+    name, runs = lane.STUDIES[0]
+    one = tmp_path / "one_run.txt"
+    one.write_text(runs.read_text().splitlines()[1] + "\n")   # ce_fp32 alone
+    monkeypatch.setattr(lane, "STUDIES", ((name, one),))
+    monkeypatch.setattr(lane, "CELLS", ())                      # and no queue entry after it
+    key = "prec/ce_fp32"
+    reference = tmp_path / "reference"
+    assert cpu(camp, reference, "start") == 0                   # uninterrupted
+    sup = lane.Lane(lane_dir, camp, jobs=1, log=lambda m: None)
+    commit = lane.git("rev-parse", "HEAD")
+    sup.fill(lane.code_snapshot(lane_dir, commit), commit)
+    child, run = sup.children[key], lane.LaneRun.of(lane_dir, key)
+    assert wait_for(lambda: (run.folder / "last.pt").is_file() or child.poll() is not None)
+    os.killpg(child.pid, signal.SIGKILL)
+    child.wait()
+    if (run.folder / "results.json").is_file():
+        pytest.skip("the run finished before it could be killed (a fast machine)")
+    assert cpu(camp, lane_dir, "start") == 0
+    segments = json.loads((run.folder / "lane.json").read_text())["segments"]
+    assert len(segments) == 2 and segments[-1]["resumed_from_step"] is not None
+    ref = lane.run_folder(reference, key)
+    assert (run.folder / "metrics.csv").read_text() == (ref / "metrics.csv").read_text()

@@ -15,7 +15,10 @@ resumes the unfinished runs the machine still holds. A run killed at any step (S
 a machine taken away) loses at most the steps since its last checkpoint; nothing is folded
 before the run has written its 40k-step ``results.json``.
 
-Order (:func:`cpu_order`). The cells in :data:`CELLS`, each cell's seed 0 first, objectives and
+Order (:func:`lane_order`). First the runs the lane has started (a run folder, no
+``results.json``): they resume before anything new, so a start never leaves hours of training
+behind. Then the studies in :data:`STUDIES` (below), then the queue (:func:`cpu_order`): the
+cells in :data:`CELLS`, each cell's seed 0 first, objectives and
 lrs in :data:`FIRST` (the order that makes the comparison informative earliest: with two cores,
 each pair of runs is a CE and an LP run at the lrs where each trained best in shorter studies;
 the LP at lr 0.1 stayed at chance through 4k steps in this regime), then the cell's seeds 1-2 at
@@ -32,6 +35,16 @@ compose to its queued protocol (else it is refused with its key); a run folder w
 run is folded into ``results/paper_tables/`` by :func:`scripts.campaign.fold.fold_cpu` (its
 ``results.json`` protocol hash equal to the entry's), with the launch commits and the fold commit
 in its ``campaign.json``; committing the fold is the session's job.
+
+Studies (:data:`STUDIES`). A question the tables depend on (does bf16 change what a run learns?)
+is answered by runs of this CPU, which the lane occupies, so the lane trains a study's runs as a
+stage: after the runs it has started, before any queue entry it has not. A study is a run list
+(``NAME|QUEUE KEY|CHANGES``, :func:`read_study`): each run is that queue entry's experiment and
+overrides with the changes applied, so no protocol is written twice. Its runs use the same locks,
+resume, code snapshot, convolution path, ``nice`` and one training per core as the queue's, live
+in ``<lane dir>/studies/<study>/<run>/`` (key ``<study>/<run>``), show in ``cpu status``, and are
+never folded: a study's report reads them (``python -m scripts.cpu.precision_report``).
+``cpu start --no-studies`` leaves the stage out.
 """
 from __future__ import annotations
 
@@ -66,6 +79,9 @@ POLL_S = 30.0
 MAX_FAILURES = 2   # a run that exits non-zero this often without progress is left for a person
 NICE = 19         # the trainings yield the CPU to the session's own work (tests, benchmarks)
 GPU_RECIPE = "docs/reproducing.md (the window on a lent GPU: scripts/campaign/gpu_window.sh)"
+#: the lane's studies, trained after the runs it has started and before any queue entry it has not:
+#: (name, run list). cpu_precision: fp32 vs bf16 twins (results/cpu_precision/README.md)
+STUDIES = (("cpu_precision", ROOT / "scripts" / "studies" / "cpu_precision_runs.txt"),)
 
 
 class LaneError(RuntimeError):
@@ -94,18 +110,101 @@ def cpu_order(queue: dict, ledger: dict, folder: Path, everything: bool = False)
     return mine + ([e for e in pending if lane_rank(e) is None] if everything else [])
 
 
+def lane_order(queue: dict, ledger: dict, folder: Path, lane_dir: Path, everything: bool = False,
+               studies=()) -> list[dict]:
+    """What the lane trains, in order: the runs it has started (queue entries and study runs with a
+    run folder and no ``results.json``, whatever ``everything`` says: hours of training are never
+    left behind), then the unfinished runs of ``studies`` in their lists' order, then
+    :func:`cpu_order`."""
+    full = cpu_order(queue, ledger, folder, everything=True)
+    wanted = full if everything else [e for e in full if lane_rank(e) is not None]
+    study = [e for name, path in studies for e in study_entries(name, path, queue)]
+
+    def started(e: dict) -> bool:
+        run = LaneRun.of(lane_dir, e["key"])
+        return run.folder.is_dir() and run.results() is None
+    first = [e for e in [*full, *study] if started(e)]
+    rest = [e for e in study if not started(e) and LaneRun.of(lane_dir, e["key"]).results() is None]
+    return first + rest + [e for e in wanted if not started(e)]
+
+
+# ----------------------------------------------------------------------------- studies
+
+
+def read_study(path: Path) -> list[tuple[str, str, list[str]]]:
+    """``(run, queue key, changes)`` per line of a study's run list (``NAME|QUEUE KEY|CHANGES``;
+    ``#`` comments)."""
+    out = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        parts = [p.strip() for p in line.split("|")]
+        if len(parts) != 3 or not all(parts[:2]):
+            raise LaneError(f"{path}:{n}: a run is NAME|QUEUE KEY|CHANGES, got {line!r}")
+        out.append((parts[0], parts[1], parts[2].split()))
+    return out
+
+
+def changed(overrides: list[str], changes: list[str]) -> list[str]:
+    """``overrides`` with each ``key=value`` of ``changes`` in place of the override of its key,
+    or added after them: the entry's own overrides stay as the queue has them, in its order."""
+    out = list(overrides)
+    for change in changes:
+        key = change.split("=", 1)[0]
+        at = next((i for i, o in enumerate(out) if o.split("=", 1)[0] == key), None)
+        if at is None:
+            out.append(change)
+        else:
+            out[at] = change
+    return out
+
+
+def override_value(overrides: list[str], key: str) -> str | None:
+    """The value ``overrides`` give ``key`` (the last one), or ``None``."""
+    values = [o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0] == key]
+    return values[-1] if values else None
+
+
+def study_entries(name: str, path: Path, queue: dict) -> list[dict]:
+    """The runs of study ``name`` as lane entries (key ``<name>/<run>``); a run whose queue entry
+    the queue lacks carries an ``error`` (refused with it, the others go on). Its ``config_sha`` is
+    what its overrides compose to, set when the lane checks it (:meth:`Lane.check_entry`)."""
+    entries = {e["key"]: e for e in queue["entries"]}
+    out = []
+    for run, base_key, changes in read_study(path):
+        entry = {"key": f"{name}/{run}", "study": name, "base": base_key}
+        base = entries.get(base_key)
+        if base is None:
+            out.append({**entry, "steps": None,
+                        "error": f"its queue entry {base_key} is not in queue {queue['version']} (see {path})"})
+            continue
+        overrides = changed(base["overrides"], changes)
+        steps = override_value(overrides, "trainer.max_steps")
+        out.append({**entry, "experiment": base["experiment"], "overrides": overrides,
+                    "steps": int(steps) if steps is not None else base["steps"]})
+    return out
+
+
 # ----------------------------------------------------------------------------- run folders
+
+
+def run_folder(lane_dir: Path, key: str) -> Path:
+    """A queue entry's run folder, ``runs/<key>/``; a study run's (key ``<study>/<run>``: queue keys
+    have no ``/``), ``studies/<study>/<run>/``, where :func:`fold_finished` never looks."""
+    study, _, run = key.rpartition("/")
+    return lane_dir / "studies" / study / run if study else lane_dir / "runs" / key
 
 
 @dataclass
 class LaneRun:
-    """One entry's run folder under ``<lane dir>/runs/<key>/`` and its ``lane.json``."""
+    """One entry's run folder (:func:`run_folder`) and its ``lane.json``."""
     folder: Path
     info: dict = field(default_factory=dict)
 
     @classmethod
     def of(cls, lane_dir: Path, key: str) -> "LaneRun":
-        folder = lane_dir / "runs" / key
+        folder = run_folder(lane_dir, key)
         path = folder / "lane.json"
         return cls(folder, json.loads(path.read_text()) if path.is_file() else {})
 
@@ -205,8 +304,9 @@ def conv_override(entry: dict, code: Path, run: LaneRun, resume: bool, extra: li
     names (none: it began before the key existed, on torchvision's modules: ``stock``); a new run
     gets the path ``auto`` chooses on this machine (:mod:`scripts.campaign.conv_choice`, run in
     the code snapshot; recorded in ``lane.json``), passed explicitly so no later machine's
-    ``auto`` can move it. The key is no part of a protocol (``make_tables.IGNORED``)."""
-    if any(s.startswith("model.conv_impl=") for s in extra) or \
+    ``auto`` can move it. The key is no part of a protocol (``make_tables.IGNORED``). A run whose
+    own overrides pin the path (a study's twins) keeps those."""
+    if any(s.startswith("model.conv_impl=") for s in [*entry.get("overrides", []), *extra]) or \
             "conv_impl" not in (code / "configs" / "model" / "resnet18.yaml").read_text():
         return []
     if resume:
@@ -248,9 +348,10 @@ class Lane:
     """The supervisor: keeps ``jobs`` trainings running, folds what finishes."""
 
     def __init__(self, lane_dir: Path, campaign_dir: Path, jobs: int, everything: bool = False,
-                 extra: list[str] | None = None, log=print):
+                 extra: list[str] | None = None, log=print, studies=None):
         self.dir, self.campaign_dir, self.jobs, self.everything = lane_dir, campaign_dir, jobs, everything
         self.extra = list(extra or [])
+        self.studies = STUDIES if studies is None else tuple(studies)   # () = --no-studies
         self.log = log
         self.children: dict[str, subprocess.Popen] = {}
         self.refused: dict[str, str] = {}
@@ -260,24 +361,31 @@ class Lane:
     def candidates(self) -> list[dict]:
         queue, ledger = campaign_queue.load(self.campaign_dir)
         self.queue = queue
-        return cpu_order(queue, ledger, self.campaign_dir, self.everything)
+        return lane_order(queue, ledger, self.campaign_dir, self.dir, self.everything, self.studies)
 
     def check_entry(self, entry: dict, compose) -> str | None:
-        """Why ``entry`` cannot be trained here now, or ``None``."""
+        """Why ``entry`` cannot be trained here now, or ``None``. A study run's protocol is what its
+        overrides compose to now (set as its ``config_sha``: a folder begun under other overrides
+        is refused like a queue entry's)."""
+        if entry.get("study"):
+            why = study_protocol(entry, compose)
+            if why:
+                return why
         run = LaneRun.of(self.dir, entry["key"])
         if run.info.get("config_sha") not in (None, entry["config_sha"]):
             return (f"its run folder {run.folder} holds protocol {run.info['config_sha']}, the entry is "
                     f"{entry['config_sha']}: neither resumed nor folded (move the folder away to train it afresh)")
         if run.info.get("failures", 0) >= MAX_FAILURES:
             return f"failed {run.info['failures']} times without progress (see {run.folder / 'train.log'})"
-        return campaign_submit.verifier(compose, [])(entry)
+        return None if entry.get("study") else campaign_submit.verifier(compose, [])(entry)
 
     def start_run(self, entry: dict, code: Path, commit: str) -> None:
         run = LaneRun.of(self.dir, entry["key"])
         resume = run.has_checkpoint()
         step, _ = run.progress() if resume else (None, None)
         run.info.update(key=entry["key"], config_sha=entry["config_sha"], queue_version=self.queue["version"],
-                        steps=entry["steps"])
+                        steps=entry["steps"], **({"study": entry["study"], "base": entry["base"]}
+                                                 if entry.get("study") else {}))
         run.folder.mkdir(parents=True, exist_ok=True)
         lock = open(run.lock_path, "a+")
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -369,6 +477,19 @@ class Lane:
         raise SystemExit(0)
 
 
+def study_protocol(entry: dict, compose) -> str | None:
+    """Set a study run's ``config_sha`` (its overrides, composed as :func:`train_command` runs them
+    without ``--set``, like a queue entry's); or why it cannot run."""
+    if entry.get("error"):
+        return entry["error"]
+    try:
+        cfg, _ = campaign_queue.compose_entry(compose, entry["overrides"], entry["experiment"])
+    except Exception as err:   # noqa: BLE001 -- reported with the key, the others go on
+        return f"does not compose: {campaign_queue.first_line(err)}"
+    entry["config_sha"] = campaign_queue.config_sha(campaign_queue.composed_config(cfg))
+    return None
+
+
 def fold_finished(lane_dir: Path, campaign_dir: Path, log=print) -> list[str]:
     """Fold every finished, unlocked lane run whose protocol is its entry's; the keys folded."""
     queue, ledger = campaign_queue.load(campaign_dir)
@@ -401,18 +522,19 @@ def fold_finished(lane_dir: Path, campaign_dir: Path, log=print) -> list[str]:
 # ----------------------------------------------------------------------------- status
 
 
-def status_lines(lane_dir: Path, campaign_dir: Path) -> list[str]:
+def status_lines(lane_dir: Path, campaign_dir: Path, studies=None) -> list[str]:
+    """Per run the lane holds or will train (in its order): state, step, val AUC, s/step, ETA."""
     queue, ledger = campaign_queue.load(campaign_dir)
-    order = cpu_order(queue, ledger, campaign_dir)
+    order = lane_order(queue, ledger, campaign_dir, lane_dir, studies=STUDIES if studies is None else studies)
     keys = [e["key"] for e in order]
-    runs_dir = lane_dir / "runs"
-    seen = sorted(p.name for p in runs_dir.glob("*/")) if runs_dir.is_dir() else []
+    seen = sorted(p.name for p in (lane_dir / "runs").glob("*/"))
+    seen += sorted(f"{p.parent.name}/{p.name}" for p in (lane_dir / "studies").glob("*/*/"))
     lines = [f"lane {lane_dir}: {lane_holder(lane_dir) or 'not running'}"]
     lines.append(f"{'run':38} {'state':9} {'step':>11} {'val_auc':>8} {'best':>6} {'s/step':>6} {'ETA':>7}")
     for key in dict.fromkeys([*seen, *keys]):
         run = LaneRun.of(lane_dir, key)
         res, rows = run.results(), run.rows()
-        steps = run.info.get("steps") or next((e["steps"] for e in order if e["key"] == key), 40000)
+        steps = run.info.get("steps") or next((e["steps"] for e in order if e["key"] == key), None) or 40000
         step, rate = run.progress()
         done_at = ledger.get("runs", {}).get(key, {}).get("status")
         state = ("folded" if run.info.get("folded") or done_at else "finished" if res is not None
@@ -450,6 +572,15 @@ def gpu_present() -> bool:
     return torch.cuda.is_available()
 
 
+def background_argv(args, lane_dir: Path) -> list[str]:
+    """The ``cpu start`` command line the detached lane runs: this one's options, without
+    ``--background``."""
+    return [sys.executable, "-m", "scripts.campaign", "--dir", args.dir, "cpu", "start",
+            "--lane-dir", str(lane_dir), "--jobs", str(args.jobs), *(["--all"] if args.all else []),
+            *(["--force"] if args.force else []), *(["--no-studies"] if args.no_studies else []),
+            *sum((["--set", s] for s in args.set), [])]
+
+
 def start(args) -> int:
     lane_dir = Path(args.lane_dir).expanduser()
     lane_dir.mkdir(parents=True, exist_ok=True)
@@ -459,15 +590,12 @@ def start(args) -> int:
     holder = lane_holder(lane_dir)
     if holder:
         print(f"lane: already {holder}; nothing started. Its runs:")
-        print("\n".join(status_lines(lane_dir, Path(args.dir))))
+        print("\n".join(status_lines(lane_dir, Path(args.dir), () if args.no_studies else None)))
         return 0
     if args.background:
         log = open(lane_dir / "lane.log", "ab")
-        argv = [sys.executable, "-m", "scripts.campaign", "--dir", args.dir, "cpu", "start",
-                "--lane-dir", str(lane_dir), "--jobs", str(args.jobs), *(["--all"] if args.all else []),
-                *(["--force"] if args.force else []), *sum((["--set", s] for s in args.set), [])]
-        child = subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                 start_new_session=True)
+        child = subprocess.Popen(background_argv(args, lane_dir), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                 stdin=subprocess.DEVNULL, start_new_session=True)
         print(f"lane: started in the background (pid {child.pid}); log {lane_dir / 'lane.log'}; "
               "`python -m scripts.campaign cpu status` shows its runs")
         return 0
@@ -482,7 +610,8 @@ def start(args) -> int:
     lock.flush()
     commit = git("rev-parse", "HEAD")
     lane = Lane(lane_dir, Path(args.dir), args.jobs, args.all, args.set,
-                log=lambda m: print(f"{time.strftime('%H:%M:%S')} {m}", flush=True))
+                log=lambda m: print(f"{time.strftime('%H:%M:%S')} {m}", flush=True),
+                studies=() if args.no_studies else None)
     signal.signal(signal.SIGTERM, lane.terminate)
     signal.signal(signal.SIGINT, lane.terminate)
     return lane.supervise(commit, once=args.once)
@@ -510,6 +639,8 @@ def add_parser(sub) -> None:
     c.add_argument("--background", action="store_true", help="start the lane detached; its output in lane.log")
     c.add_argument("--once", action="store_true", help="one pass: fold, start what fits, return (tests)")
     c.add_argument("--force", action="store_true", help="run on a machine with a GPU all the same")
+    c.add_argument("--no-studies", action="store_true",
+                   help="leave out the studies' stage (STUDIES: runs after the started ones, before the queue's)")
     c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="an override every training gets; only keys that do not define a protocol")
 
@@ -525,5 +656,5 @@ def main(args) -> int:
         folded = fold_finished(lane_dir, campaign_dir)
         print(f"lane: folded {len(folded)} run(s){': ' + ', '.join(folded) if folded else ''}")
         return 0
-    print("\n".join(status_lines(lane_dir, campaign_dir)))
+    print("\n".join(status_lines(lane_dir, campaign_dir, () if args.no_studies else None)))
     return 0
