@@ -50,7 +50,7 @@ def digits_lane(monkeypatch, tmp_path, queue_dir):
     camp = tmp_path / "campaign"
     shutil.copytree(queue_dir, camp)
     yield camp, tmp_path / "lane"
-    for code in (tmp_path / "lane" / "code").glob("*/"):   # the lane's code snapshots: git worktrees
+    for code in tmp_path.glob("*/code/*/"):   # the lanes' code snapshots (a test's reference lane too): git worktrees
         subprocess.run(["git", "worktree", "remove", "--force", str(code)], cwd=ROOT, check=False,
                        capture_output=True)
 
