@@ -226,3 +226,23 @@ def test_unfinished_runs_are_refused_unless_partial(fake_lane, tmp_path, capsys)
     assert "**Verdict.** PARTIAL: 2 of 8 runs unfinished (ce_lr0.1_bf16_s1, auc_lp_lr0.01_bf16_s1); no verdict." in table
     assert "| auc_lp (lr 0.01) | 1 | 8000/5000 |" in table and "| ce (lr 0.1) | 1 | 8000/- |" in table
     assert len(list((out / "runs").iterdir())) == 6   # only finished runs are copied
+
+
+def test_a_comparison_that_cannot_be_made_gives_no_verdict(fake_lane, tmp_path, monkeypatch):
+    """Both ce seed-0 twins diverged before their first evaluation (no metrics, no split divergence)
+    and every other gap is within its spread: the ce rows compare nothing, so 'every twin gap is
+    within' would claim what was not measured."""
+    monkeypatch.setitem(FAKE, ("auc_lp", 0, "bf16"), (0.605, 0.595, (0.62, 2000)))
+    monkeypatch.setitem(FAKE, ("auc_lp", 1, "bf16"), (0.612, 0.601, (0.615, 4000)))
+    for seed in (0, 1):
+        folder = fake_lane / "studies" / NAME / f"auc_lp_lr0.01_bf16_s{seed}"
+        shutil.rmtree(folder)
+        fake_run(folder, "auc_lp", seed, "bf16")
+    for p in ("fp32", "bf16"):
+        folder = fake_lane / "studies" / NAME / f"ce_lr0.1_{p}_s0"
+        (folder / "metrics.csv").write_text("step,val_auc,test_auc\n")
+        (folder / "results.json").write_text(json.dumps({"diverged": {"step": 700, "reason": "nan loss"},
+                                                         "final": None, "config": {"seed": 0}}))
+    answer = report.report(fake_lane, tmp_path / "out", log=lambda m: None)
+    assert not answer.startswith("Every bf16 twin gap is within")
+    assert answer.startswith("No verdict") and "ce test AUC" in answer and "auc_lp" not in answer

@@ -18,8 +18,10 @@ reads their run folders, ``<lane dir>/studies/cpu_precision/<run>/``, and writes
 The verdict rule, fixed before the data: bf16 moves the metrics by more than the seed spread when,
 for some objective and metric, a twin gap ``|bf16 - fp32|`` exceeds that objective's fp32 seed
 spread (the reference is the precision the tables use now), or when one twin diverged and the other
-did not. Then the tables' CPU runs stay fp32. Two seeds give one spread per objective: a coarse
-yardstick, so "within" says the study saw no effect larger than seed noise, not that there is none.
+did not. Then the tables' CPU runs stay fp32. Otherwise, where some metric could not be compared
+(a run has no value of it: it diverged before its first evaluation), no verdict. Two seeds give one
+spread per objective: a coarse yardstick, so "within" says the study saw no effect larger than seed
+noise, not that there is none.
 
 While a run is unfinished it refuses (:class:`ReportError`, one line) unless ``--partial``, which
 reads each run's evaluations so far, labels the table partial and gives no verdict.
@@ -198,6 +200,10 @@ def verdict(runs: list[StudyRun], rows: list[dict], unfinished: list[StudyRun]) 
                f"{pct(r['spread_fp32'])}" for r in over] + [f"{p}: one twin diverged" for p in split]
         return ("bf16 moves the metrics by more than the seed spread (" + "; ".join(why) +
                 "): the tables' CPU runs stay fp32.")
+    unmeasured = [f"{r['objective']} {r['metric']}" for r in rows if r["exceeds"] is None]
+    if unmeasured:   # a run without the value (e.g. diverged before its first evaluation): not within
+        return ("No verdict: no twin gap is beyond its fp32 seed spread where one was measured, but "
+                f"{', '.join(unmeasured)} could not be compared (a run has no such value).")
     return ("Every bf16 twin gap is within its objective's fp32 seed spread, for every metric: at two "
             "seeds bf16 shows no effect larger than seed noise (one spread per objective: a coarse "
             "yardstick, not a proof of no effect).")
