@@ -44,7 +44,8 @@ overrides with the changes applied, so no protocol is written twice. Its runs us
 resume, code snapshot, convolution path, ``nice`` and one training per core as the queue's, live
 in ``<lane dir>/studies/<study>/<run>/`` (key ``<study>/<run>``), show in ``cpu status``, and are
 never folded: a study's report reads them (``python -m scripts.cpu.precision_report``).
-``cpu start --no-studies`` leaves the stage out.
+``cpu start --no-studies`` leaves the stage out, started study runs included: they wait, and resume
+at the next start without it.
 """
 from __future__ import annotations
 
@@ -112,9 +113,9 @@ def cpu_order(queue: dict, ledger: dict, folder: Path, everything: bool = False)
 
 def lane_order(queue: dict, ledger: dict, folder: Path, lane_dir: Path, everything: bool = False,
                studies=()) -> list[dict]:
-    """What the lane trains, in order: the runs it has started (queue entries and study runs with a
-    run folder and no ``results.json``, whatever ``everything`` says: hours of training are never
-    left behind), then the unfinished runs of ``studies`` in their lists' order, then
+    """What the lane trains, in order: the runs it has started (queue entries and the runs of
+    ``studies`` with a run folder and no ``results.json``, whatever ``everything`` says: hours of
+    training are never left behind; a study left out, ``--no-studies``, waits whole), then the unfinished runs of ``studies`` in their lists' order, then
     :func:`cpu_order`."""
     full = cpu_order(queue, ledger, folder, everything=True)
     wanted = full if everything else [e for e in full if lane_rank(e) is not None]
