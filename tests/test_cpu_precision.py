@@ -183,13 +183,18 @@ def test_the_report_table_is_the_hand_computed_one(fake_lane, tmp_path, capsys):
     assert (out / "curves.png").stat().st_size > 0
 
 
-def test_within_the_spread_the_verdict_claims_no_more_than_two_seeds_show(fake_lane, tmp_path, monkeypatch):
+def bf16_auc_lp_within_the_spread(fake_lane, monkeypatch):
+    """Rewrite both auc_lp bf16 twins so that every auc_lp twin gap is within the fp32 seed spread."""
     monkeypatch.setitem(FAKE, ("auc_lp", 0, "bf16"), (0.605, 0.595, (0.62, 2000)))
     monkeypatch.setitem(FAKE, ("auc_lp", 1, "bf16"), (0.612, 0.601, (0.615, 4000)))
     for seed in (0, 1):
         folder = fake_lane / "studies" / NAME / f"auc_lp_lr0.01_bf16_s{seed}"
         shutil.rmtree(folder)
         fake_run(folder, "auc_lp", seed, "bf16")
+
+
+def test_within_the_spread_the_verdict_claims_no_more_than_two_seeds_show(fake_lane, tmp_path, monkeypatch):
+    bf16_auc_lp_within_the_spread(fake_lane, monkeypatch)
     answer = report.report(fake_lane, tmp_path / "out", log=lambda m: None)
     assert answer.startswith("Every bf16 twin gap is within its objective's fp32 seed spread")
     assert "not a proof of no effect" in answer
@@ -232,12 +237,7 @@ def test_a_comparison_that_cannot_be_made_gives_no_verdict(fake_lane, tmp_path, 
     """Both ce seed-0 twins diverged before their first evaluation (no metrics, no split divergence)
     and every other gap is within its spread: the ce rows compare nothing, so 'every twin gap is
     within' would claim what was not measured."""
-    monkeypatch.setitem(FAKE, ("auc_lp", 0, "bf16"), (0.605, 0.595, (0.62, 2000)))
-    monkeypatch.setitem(FAKE, ("auc_lp", 1, "bf16"), (0.612, 0.601, (0.615, 4000)))
-    for seed in (0, 1):
-        folder = fake_lane / "studies" / NAME / f"auc_lp_lr0.01_bf16_s{seed}"
-        shutil.rmtree(folder)
-        fake_run(folder, "auc_lp", seed, "bf16")
+    bf16_auc_lp_within_the_spread(fake_lane, monkeypatch)
     for p in ("fp32", "bf16"):
         folder = fake_lane / "studies" / NAME / f"ce_lr0.1_{p}_s0"
         (folder / "metrics.csv").write_text("step,val_auc,test_auc\n")
