@@ -14,7 +14,12 @@ activations too). Per image size:
   ``--rounds`` after one warm round, and its ratio to ``stock``;
 * the evaluation forward (``model.eval()``, no grad, ``--eval-images`` images in one batch,
   float32 as ``train.py`` evaluates; the bf16 form for reference), interleaved the same way;
-* the top operators of a profiled step per form (self CPU time, ``torch.profiler``);
+* the top operators of a profiled step per form (self CPU time, ``torch.profiler``), and the
+  share of a profiled step and evaluation spent in the multiply-adds (the GEMMs; stock's oneDNN
+  convolutions): times the form's ratio, the "arithmetic alone" columns, the ratio the form
+  would reach if nothing but its multiply-adds cost time (a floor for work on the rest);
+* with ``--pause-lane``, the CPU lane's trainings stopped for the measurement and continued after
+  (:mod:`scripts.cpu.quiet`);
 * the GFLOP/s reached: the network's nominal FLOPs (every convolution tap and the head, 2 per
   multiply-add; a training step = 3x the forward, the stem's input gradient excepted) over the
   median time;
@@ -27,6 +32,7 @@ is recorded (``os.getloadavg`` before and after) beside the machine (CPU model, 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -41,6 +47,7 @@ from torch import nn
 from lpmetrics.models import conv_select, gemm
 from lpmetrics.models.gemm_resnet import GemmResNet
 from lpmetrics.models.resnet import resnet18
+from scripts.cpu import quiet
 
 FORMS = {"stock": ("stock", False), "stock-bf16": ("stock", True), "gemm": ("gemm", False),
          "gemm-bf16": ("gemm", True), "gemm-bf16act": ("gemm", True)}
@@ -109,13 +116,23 @@ def interleaved(fns: dict, rounds: int) -> dict[str, float]:
     return {k: statistics.median(v) for k, v in times.items()}
 
 
-def top_ops(fn, n: int = 6) -> list[list]:
+#: the operators doing the network's multiply-adds: the GEMM forms' GEMMs, stock's oneDNN convolutions
+ARITHMETIC_OPS = ("aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm", "aten::matmul",
+                  "aten::mkldnn_convolution", "aten::convolution_backward")
+
+
+def profiled(fn, n: int = 6) -> tuple[list[list], float]:
+    """One profiled call of ``fn``: its top ``n`` operators by self CPU time (name, ms, % of the
+    call) and the share of the call spent in the multiply-adds (:data:`ARITHMETIC_OPS`, self time)."""
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         fn()
-    rows = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:n]
-    total = sum(e.self_cpu_time_total for e in prof.key_averages()) or 1
-    return [[e.key, round(e.self_cpu_time_total / 1e3, 1), round(100 * e.self_cpu_time_total / total, 1)] for e in rows]
+    events = prof.key_averages()
+    rows = sorted(events, key=lambda e: -e.self_cpu_time_total)[:n]
+    total = sum(e.self_cpu_time_total for e in events) or 1
+    arithmetic = sum(e.self_cpu_time_total for e in events if e.key in ARITHMETIC_OPS)
+    return ([[e.key, round(e.self_cpu_time_total / 1e3, 1), round(100 * e.self_cpu_time_total / total, 1)]
+             for e in rows], arithmetic / total)
 
 
 def bench_size(px: int, batch: int, rounds: int, eval_images: int, eval_rounds: int) -> dict:
@@ -137,7 +154,8 @@ def bench_size(px: int, batch: int, rounds: int, eval_images: int, eval_rounds: 
         evals[form] = eval_fn(twin, xe, amp)
     step_ms = interleaved(steps, rounds)
     eval_ms = interleaved(evals, eval_rounds)
-    profile = {form: top_ops(fn) for form, fn in steps.items()}
+    profile = {form: profiled(fn) for form, fn in steps.items()}
+    eval_profile = {form: profiled(fn) for form, fn in evals.items()}
     gflop = nominal_gflop(px, batch)
     eval_gflop = nominal_gflop(px, eval_images)
     out = {"px": px, "batch": batch, "train_gflop_per_step": 3 * gflop, "forms": {}}
@@ -147,7 +165,12 @@ def bench_size(px: int, batch: int, rounds: int, eval_images: int, eval_rounds: 
             "step_ms": step_ms[form], "step_ratio": step_ms[form] / step_ms["stock"],
             "eval_ms": eval_ms[form], "eval_ratio": eval_ms[form] / eval_ms["stock"],
             "train_gflops": 3 * gflop / step_ms[form] * 1e3, "eval_gflops": eval_gflop / eval_ms[form] * 1e3,
-            "hours_per_40k_run": hours, "top_ops": profile[form]}
+            "hours_per_40k_run": hours, "top_ops": profile[form][0],
+            # the multiply-adds alone, as a fraction of stock's whole step / evaluation: what this
+            # form would take if everything else cost nothing (profiled share x measured ratio)
+            "arith_share": profile[form][1], "arith_floor": profile[form][1] * step_ms[form] / step_ms["stock"],
+            "eval_arith_share": eval_profile[form][1],
+            "eval_arith_floor": eval_profile[form][1] * eval_ms[form] / eval_ms["stock"]}
     return out
 
 
@@ -158,12 +181,13 @@ def copy_eval(model: nn.Module) -> nn.Module:
 
 
 def table(results: dict) -> str:
-    lines = ["| px | form | step ms | x stock | eval ms / 512 | x stock | train GFLOP/s | h per 40k run |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| px | form | step ms | x stock | arithmetic alone | eval ms / 512 | x stock | arithmetic alone | "
+             "train GFLOP/s | h per 40k run |", "|---|---|---|---|---|---|---|---|---|---|"]
     for size in results["sizes"]:
         for form, r in size["forms"].items():
             lines.append(f"| {size['px']} | {form} | {r['step_ms']:.0f} | {r['step_ratio']:.2f} | "
-                         f"{r['eval_ms'] * 512 / results['eval_images']:.0f} | {r['eval_ratio']:.2f} | "
+                         f"{r['arith_floor']:.2f} | {r['eval_ms'] * 512 / results['eval_images']:.0f} | "
+                         f"{r['eval_ratio']:.2f} | {r['eval_arith_floor']:.2f} | "
                          f"{r['train_gflops']:.0f} | {r['hours_per_40k_run']:.1f} |")
     return "\n".join(lines)
 
@@ -177,15 +201,20 @@ def main(argv=None) -> None:
     ap.add_argument("--eval-rounds", type=int, default=6)
     ap.add_argument("--note", default="", help="what else ran on the machine (recorded)")
     ap.add_argument("--out", type=Path, default=Path("results/cpu_step/bench.json"))
+    ap.add_argument("--pause-lane", action="store_true",
+                    help="stop the CPU lane's trainings while measuring and continue them after "
+                         "(scripts/cpu/quiet.py): a quiet machine without losing their steps")
     args = ap.parse_args(argv)
     if os.environ.get("OMP_NUM_THREADS") != "1":
         raise SystemExit("run with OMP_NUM_THREADS=1 (the step of one run per core is what is measured)")
     torch.set_num_threads(1)
-    load_before = os.getloadavg()
-    start = time.time()
-    sizes = [bench_size(px, args.batch, args.rounds, args.eval_images, args.eval_rounds) for px in args.sizes]
-    results = {"machine": conv_select.machine(), "load_before": load_before, "load_after": os.getloadavg(),
-               "note": args.note, "wall_s": round(time.time() - start, 1), "rounds": args.rounds,
+    with quiet.paused_lane() if args.pause_lane else contextlib.nullcontext([]) as paused:
+        load_before = os.getloadavg()
+        start = time.time()
+        sizes = [bench_size(px, args.batch, args.rounds, args.eval_images, args.eval_rounds) for px in args.sizes]
+        load_after = os.getloadavg()
+    results = {"machine": conv_select.machine(), "load_before": load_before, "load_after": load_after,
+               "lane_paused": len(paused), "note": args.note, "wall_s": round(time.time() - start, 1), "rounds": args.rounds,
                "eval_images": args.eval_images, "eval_rounds": args.eval_rounds, "sizes": sizes,
                "command": "OMP_NUM_THREADS=1 python -m scripts.cpu.bench_step " + " ".join(argv or [])}
     args.out.parent.mkdir(parents=True, exist_ok=True)
