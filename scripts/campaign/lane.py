@@ -45,7 +45,16 @@ resume, code snapshot, convolution path, ``nice`` and one training per core as t
 in ``<lane dir>/studies/<study>/<run>/`` (key ``<study>/<run>``), show in ``cpu status``, and are
 never folded: a study's report reads them (``python -m scripts.cpu.precision_report``).
 ``cpu start --no-studies`` leaves the stage out, started study runs included: they wait, and resume
-at the next start without it.
+at the next start without it. A study run's protocol is what its line composes to now: a folder
+whose ``lane.json`` records another (the line was edited after it began; :func:`foreign_protocol`,
+the one comparison the lane and the report make) is neither resumed nor, once finished, counted
+as finished: it is refused with both hashes until its folder is deleted (the lane then trains it
+afresh) or the line restored.
+
+``--set KEY=VALUE``: an override every training gets, for keys that define no protocol (paths,
+logging, ``model.conv_impl``). A study run keeps what its line sets: a ``--set`` of a key its line
+changes is left out of that run's command (logged; :func:`study_extra`), so a study's twins stay
+on the convolution path they pin whatever ``--set`` asks of the queue's runs.
 """
 from __future__ import annotations
 
@@ -169,8 +178,9 @@ def override_value(overrides: list[str], key: str) -> str | None:
 
 def study_entries(name: str, path: Path, queue: dict) -> list[dict]:
     """The runs of study ``name`` as lane entries (key ``<name>/<run>``); a run whose queue entry
-    the queue lacks carries an ``error`` (refused with it, the others go on). Its ``config_sha`` is
-    what its overrides compose to, set when the lane checks it (:meth:`Lane.check_entry`)."""
+    the queue lacks carries an ``error`` (refused with it, the others go on). Its ``changes`` are its
+    line's (kept over ``--set``: :func:`study_extra`); its ``config_sha`` is what its overrides
+    compose to, set when the lane checks it (:meth:`Lane.check_entry`)."""
     entries = {e["key"]: e for e in queue["entries"]}
     out = []
     for run, base_key, changes in read_study(path):
@@ -182,9 +192,27 @@ def study_entries(name: str, path: Path, queue: dict) -> list[dict]:
             continue
         overrides = changed(base["overrides"], changes)
         steps = override_value(overrides, "trainer.max_steps")
-        out.append({**entry, "experiment": base["experiment"], "overrides": overrides,
+        out.append({**entry, "experiment": base["experiment"], "overrides": overrides, "changes": changes,
                     "steps": int(steps) if steps is not None else base["steps"]})
     return out
+
+
+def study_extra(entry: dict, extra: list[str]) -> tuple[list[str], list[str]]:
+    """(the ``--set`` overrides ``entry``'s training gets, those left out): a study run keeps each
+    key its line changes (its twins' pinned ``model.conv_impl``, say), so a ``--set`` of such a key
+    is left out of its command; a queue entry gets them all."""
+    pinned = {c.split("=", 1)[0] for c in entry.get("changes", [])}
+    kept = [s for s in extra if s.split("=", 1)[0] not in pinned]
+    return kept, [s for s in extra if s not in kept]
+
+
+def foreign_protocol(run: LaneRun, sha: str) -> str | None:
+    """The protocol hash ``run``'s folder records if it is not ``sha``, else ``None`` (the same, or
+    nothing recorded: no run begun). The record is the ``config_sha`` the lane writes into
+    ``lane.json`` when it starts the run, the hash of what its entry (a study run: its line)
+    composed to then (:func:`scripts.campaign.queue.config_sha`)."""
+    held = run.info.get("config_sha")
+    return None if held in (None, sha) else held
 
 
 # ----------------------------------------------------------------------------- run folders
@@ -373,8 +401,9 @@ class Lane:
             if why:
                 return why
         run = LaneRun.of(self.dir, entry["key"])
-        if run.info.get("config_sha") not in (None, entry["config_sha"]):
-            return (f"its run folder {run.folder} holds protocol {run.info['config_sha']}, the entry is "
+        held = foreign_protocol(run, entry["config_sha"])
+        if held:
+            return (f"its run folder {run.folder} holds protocol {held}, the entry is "
                     f"{entry['config_sha']}: neither resumed nor folded (move the folder away to train it afresh)")
         if run.info.get("failures", 0) >= MAX_FAILURES:
             return f"failed {run.info['failures']} times without progress (see {run.folder / 'train.log'})"
@@ -390,7 +419,11 @@ class Lane:
         run.folder.mkdir(parents=True, exist_ok=True)
         lock = open(run.lock_path, "a+")
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        extra = [*self.extra, *conv_override(entry, code, run, resume, self.extra, self.log)]
+        sets, left_out = study_extra(entry, self.extra)
+        if left_out:
+            self.log(f"lane: {entry['key']}: left out --set {' '.join(left_out)}: its study line sets "
+                     "that key (a study run keeps its line's values)")
+        extra = [*sets, *conv_override(entry, code, run, resume, sets, self.log)]
         run.info.setdefault("segments", []).append(
             {"commit": commit, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
              "resumed_from_step": step if resume else 0, "overrides": extra})
@@ -440,12 +473,33 @@ class Lane:
                     continue
                 why = self.check_entry(entry, compose)
                 if why:
-                    if self.refused.get(key) != why:
-                        self.log(f"lane: refused {key}: {why}")
-                    self.refused[key] = why
+                    self.refuse(key, why)
                     continue
                 self.start_run(entry, code, commit)
                 free -= 1
+            self.refuse_foreign_finished(compose)
+
+    def refuse(self, key: str, why: str) -> None:
+        if self.refused.get(key) != why:
+            self.log(f"lane: refused {key}: {why}")
+        self.refused[key] = why
+
+    def refuse_foreign_finished(self, compose) -> None:
+        """Refuse each finished study run whose folder holds another protocol than its line composes
+        to now (:func:`foreign_protocol`): not counted as finished, and never trained over."""
+        for name, path in self.studies:
+            for entry in study_entries(name, path, self.queue):
+                run = LaneRun.of(self.dir, entry["key"])
+                if run.results() is None or not run.info.get("config_sha"):
+                    continue   # unfinished (the loop above checks it) or no record to compare
+                why = study_protocol(entry, compose)
+                held = None if why else foreign_protocol(run, entry["config_sha"])
+                if held:
+                    why = (f"finished under protocol {held}, its line in {path.name} composes to "
+                           f"{entry['config_sha']} now: not counted as finished; delete {run.folder} so the "
+                           "lane trains it afresh, or restore the line")
+                if why:
+                    self.refuse(entry["key"], why)
 
     def supervise(self, commit: str, once: bool = False) -> int:
         code = code_snapshot(self.dir, commit)
@@ -643,7 +697,9 @@ def add_parser(sub) -> None:
     c.add_argument("--no-studies", action="store_true",
                    help="leave out the studies' stage (STUDIES: runs after the started ones, before the queue's)")
     c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="an override every training gets; only keys that do not define a protocol")
+                   help="an override every training gets; only keys that do not define a protocol. A study "
+                        "run keeps the keys its line sets (e.g. the twins' model.conv_impl=gemm): a --set of "
+                        "such a key is left out of that run's command")
 
 
 def main(args) -> int:

@@ -25,10 +25,18 @@ noise, not that there is none.
 
 While a run is unfinished it refuses (:class:`ReportError`, one line) unless ``--partial``, which
 reads each run's evaluations so far, labels the table partial and gives no verdict.
+
+Each run must be its line's run now: where a folder's ``lane.json`` records another protocol hash
+than the line composes to today (the run list was edited after the run began; the lane's own
+comparison, :func:`scripts.campaign.lane.foreign_protocol`), the report refuses, naming the run and
+both hashes: delete that folder so the lane trains it afresh, or restore the line. ``--partial``
+lists such runs as mismatched and leaves their folders out of the table, the curves and the copies.
+A folder without that record is not compared (the lane writes it into every folder it starts).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
 import os
@@ -39,6 +47,7 @@ from pathlib import Path
 
 from scripts.campaign import lane
 from scripts.campaign import queue as campaign_queue
+from scripts.campaign.jobs import composer
 from scripts.tables.plot_curves import plot   # one curve style for every results folder
 
 STUDY = "cpu_precision"
@@ -65,6 +74,8 @@ class StudyRun:
     folder: Path
     rows: list[dict] = field(default_factory=list)
     results: dict | None = None
+    protocol: str | None = None   # what its line composes to now (where its folder records one to compare)
+    foreign: str | None = None    # the protocol its folder records, where that is not its line's
 
     @property
     def diverged(self) -> bool:
@@ -89,21 +100,47 @@ class StudyRun:
 
 
 def study_runs(lane_dir: Path, campaign_dir: Path = campaign_queue.DEFAULT_DIR) -> list[StudyRun]:
-    """The study's runs in its list's order, each with what its run folder holds so far."""
+    """The study's runs in its list's order, each with what its run folder holds so far; a folder
+    that records another protocol than its line composes to now holds nothing of its line's run."""
     path = dict(lane.STUDIES)[STUDY]
     queue, _ = campaign_queue.load(campaign_dir)
     out = []
-    for entry in lane.study_entries(STUDY, path, queue):
-        if entry.get("error"):
-            raise ReportError(f"{entry['key']}: {entry['error']}")
-        over = entry["overrides"]
-        run = StudyRun(entry["key"].split("/", 1)[1], lane.override_value(over, "objective"),
-                       lane.override_value(over, "optimizer.lr"), lane.override_value(over, "trainer.precision"),
-                       int(lane.override_value(over, "seed")), entry["steps"], lane.run_folder(lane_dir, entry["key"]))
-        held = lane.LaneRun(run.folder)
-        run.rows, run.results = held.rows(), held.results()
-        out.append(run)
+    with contextlib.ExitStack() as stack:
+        compose = None   # composing takes ~0.5 s a line: only where a folder records a protocol
+        for entry in lane.study_entries(STUDY, path, queue):
+            if entry.get("error"):
+                raise ReportError(f"{entry['key']}: {entry['error']}")
+            over = entry["overrides"]
+            run = StudyRun(entry["key"].split("/", 1)[1], lane.override_value(over, "objective"),
+                           lane.override_value(over, "optimizer.lr"), lane.override_value(over, "trainer.precision"),
+                           int(lane.override_value(over, "seed")), entry["steps"],
+                           lane.run_folder(lane_dir, entry["key"]))
+            held = lane.LaneRun.of(lane_dir, entry["key"])
+            if held.info.get("config_sha"):
+                compose = compose or stack.enter_context(composer())
+                why = lane.study_protocol(entry, compose)
+                if why:
+                    raise ReportError(f"{entry['key']}: {why}")
+                run.protocol, run.foreign = entry["config_sha"], lane.foreign_protocol(held, entry["config_sha"])
+            if not run.foreign:
+                run.rows, run.results = held.rows(), held.results()
+            out.append(run)
     return out
+
+
+def check_protocols(runs: list[StudyRun], partial: bool) -> list[StudyRun]:
+    """The runs whose folder holds another protocol than their line; a :class:`ReportError` if
+    there are any and not ``partial``."""
+    off = [r for r in runs if r.foreign]
+    if off and not partial:
+        path = dict(lane.STUDIES)[STUDY]
+        where = ", ".join(f"{r.name} (its folder holds protocol {r.foreign}, its line composes to {r.protocol})"
+                          for r in off)
+        raise ReportError(f"{len(off)} of {len(runs)} runs were trained under another protocol than their line in "
+                          f"{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path} composes to now: "
+                          f"{where}; delete each such folder (in {off[0].folder.parent}) so the CPU lane trains it "
+                          "afresh, or restore the run list; --partial reports the others")
+    return off
 
 
 def check_finished(runs: list[StudyRun], partial: bool) -> list[StudyRun]:
@@ -191,8 +228,13 @@ def split_divergence(runs: list[StudyRun]) -> list[str]:
 def verdict(runs: list[StudyRun], rows: list[dict], unfinished: list[StudyRun]) -> str:
     """The one-paragraph answer the table supports, and no more."""
     if unfinished:
-        return (f"PARTIAL: {len(unfinished)} of {len(runs)} runs unfinished "
-                f"({', '.join(r.name for r in unfinished)}); no verdict.")
+        left, off = [r for r in unfinished if not r.foreign], [r for r in unfinished if r.foreign]
+        parts = [f"{len(left)} of {len(runs)} runs unfinished ({', '.join(r.name for r in left)})"] if left else []
+        if off:
+            parts.append(f"{len(off)} of {len(runs)} mismatched, left out (a folder of another protocol than its "
+                         "line composes to now: " +
+                         "; ".join(f"{r.name} {r.foreign}, line {r.protocol}" for r in off) + ")")
+        return f"PARTIAL: {'; '.join(parts)}; no verdict."
     split = split_divergence(runs)
     over = [r for r in rows if r["exceeds"]]
     if split or over:
@@ -235,7 +277,8 @@ def twin_table(runs: list[StudyRun]) -> list[str]:
     for (objective, lr, seed), pair in twins(runs).items():
         a, b = pair.get("fp32"), pair.get("bf16")
         cells = [f"{objective} (lr {lr})", str(seed),
-                 "/".join(str(r.step) if r and r.step is not None else "-" for r in (a, b))]
+                 "/".join("mismatched" if r and r.foreign else str(r.step) if r and r.step is not None else "-"
+                          for r in (a, b))]
         for _, column, which in METRICS:
             cells += [cell(a, column, which), cell(b, column, which), pct(gap(a, b, column, which))]
         lines.append("| " + " | ".join(cells) + " |")
@@ -281,7 +324,8 @@ def report(lane_dir: Path, out: Path, partial: bool = False, campaign_dir: Path 
            log=print) -> str:
     """Write ``out``'s copies, ``table.md`` and ``curves.png``; return the verdict."""
     runs = study_runs(lane_dir, campaign_dir)
-    unfinished = check_finished(runs, partial)
+    check_protocols(runs, partial)
+    unfinished = check_finished(runs, partial)   # with --partial, the mismatched runs among them
     for r in runs:
         if r.finished:
             copy_run(r, out)
@@ -300,7 +344,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lane-dir", type=Path, default=lane.DEFAULT_LANE_DIR, help="the CPU lane's folder")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    ap.add_argument("--partial", action="store_true", help="report unfinished runs too, labelled partial")
+    ap.add_argument("--partial", action="store_true",
+                    help="report unfinished runs too, labelled partial; list runs of another protocol than their line")
     args = ap.parse_args(argv)
     try:
         report(args.lane_dir.expanduser(), args.out, args.partial)
