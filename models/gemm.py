@@ -32,14 +32,10 @@ im2col (:func:`im2col`). On CUDA it is ``Tensor.unfold`` (strided windows of the
 activation) and one reshape copy; its backward, ``unfold_backward``, gathers each input gradient
 from the windows that hold it: deterministic, so two runs of a pack (graph vs eager, NaN
 isolation) agree bit for bit, where an index gather's CUDA backward adds with atomics in no fixed
-order. On the CPU it is an index gather (``index_select`` of pixel rows, :class:`_Gather`), whose
-backward adds each kept tap's gradient onto the pixels that tap read, one strided ``add_`` per tap
-in a fixed order (deterministic): ``unfold_backward`` was ~5x slower (one 8x8, 64-channel
-convolution, N=4, B=64: 169 vs 32 ms for ``index_select``'s own backward), and the per-tap adds
-beat ``index_select``'s backward (a zero tensor of the padded size, then a scatter-add of every
-patch entry) by 1.2x, 3x and 3x at 8x8x64, 4x4x128 and 2x2x256 (B=64, 3x3, padding 1; one thread,
-``results/cpu_step/``); for the images into the stem (3 channels, no backward) ``unfold``'s single
-strided copy is the faster forward.
+order. On the CPU, where a backward is needed, it is an index gather (``index_select`` of pixel
+rows): its backward, ``index_add_``, runs in a fixed order there (deterministic) and is ~5x faster
+than ``unfold_backward`` (one 8x8, 64-channel convolution, N=4, B=64: 32 vs 169 ms); for the images
+into the stem (3 channels, no backward) ``unfold``'s single strided copy is the faster forward.
 
 Taps that meet only padding are dropped (per axis, the tap range that meets a pixel for some
 output position; the weight is sliced and the padding shrunk to match): at 1x1 spatial a 3x3
@@ -191,75 +187,24 @@ def _gather_index(b: int, hp: int, wp: int, rk: int, ck: int, stride: tuple[int,
     return (first[:, None, None, None, None] + pixel[None]).reshape(-1).to(device)
 
 
-def _tap_span(size: int, out: int, stride: int, before: int, t: int) -> tuple[int, int, int]:
-    """Outputs ``[o0, o1)`` whose tap ``t`` meets a pixel of an axis of ``size`` padded by ``before``,
-    and the first pixel it meets (the next ones ``stride`` apart)."""
-    o0 = max(0, -((t - before) // stride))                 # ceil((before - t) / stride)
-    o1 = min(out, (size - 1 + before - t) // stride + 1)
-    return o0, max(o0, o1), o0 * stride + t - before
-
-
-class _Gather(torch.autograd.Function):
-    """im2col of the unpadded ``h [N, B, H, W, C]`` on the CPU: forward, zero padding and the index
-    gather of :func:`im2col`; backward, each kept tap's gradient added onto the pixels it read,
-    one strided ``add_`` per tap (vectorised along C), in a fixed order: deterministic, and
-    without ``index_select``'s backward (a zero tensor of the padded size, then a scatter-add of
-    every patch entry). Where one tap reads every pixel (stride 1, e.g. the centre tap of a 3x3
-    convolution with padding 1), its gradient is copied in first and no zero tensor is made."""
-
-    @staticmethod
-    def forward(ctx, h, rk, ck, stride, pads, ho, wo):
-        top, bottom, left, right = pads
-        ctx.geometry = (h.shape, rk, ck, stride, top, left, ho, wo)
-        if top or bottom or left or right:
-            h = F.pad(h, (0, 0, left, right, top, bottom))
-        n, b, hp, wp, c = h.shape
-        index = _gather_index(b, hp, wp, rk, ck, tuple(stride), ho, wo, h.device)
-        pixels = h.reshape(n, b * hp * wp, c)
-        if n == 1:
-            return pixels.squeeze(0).index_select(0, index).view(1, b * ho * wo, rk * ck * c)
-        return pixels.index_select(1, index).view(n, b * ho * wo, rk * ck * c)
-
-    @staticmethod
-    def backward(ctx, grad):
-        shape, rk, ck, stride, top, left, ho, wo = ctx.geometry
-        n, b, height, width, c = shape
-        g = grad.view(n, b, ho, wo, rk, ck, c)
-        spans = [(i, j, _tap_span(height, ho, stride[0], top, i), _tap_span(width, wo, stride[1], left, j))
-                 for i in range(rk) for j in range(ck)]
-        covering = [k for k, (_, _, (r0, r1, ri), (c0, c1, ci)) in enumerate(spans)
-                    if (r1 - r0, ri, c1 - c0, ci) == (height, 0, width, 0)]
-        if covering:
-            i, j, (r0, r1, _), (c0, c1, _) = spans.pop(covering[0])
-            out = g[:, :, r0:r1, c0:c1, i, j].clone(memory_format=torch.contiguous_format)
-        else:
-            out = grad.new_zeros(shape)
-        for i, j, (r0, r1, ri), (c0, c1, ci) in spans:
-            if r1 > r0 and c1 > c0:
-                out[:, :, ri:ri + stride[0] * (r1 - r0):stride[0], ci:ci + stride[1] * (c1 - c0):stride[1]] \
-                    .add_(g[:, :, r0:r1, c0:c1, i, j])
-        return out, None, None, None, None, None, None
-
-
-def im2col(h: torch.Tensor, rk: int, ck: int, stride: tuple[int, int], ho: int, wo: int,
-           pads: tuple[int, int, int, int] = (0, 0, 0, 0)) -> torch.Tensor:
-    """Patches ``[N, B H_o W_o, k_h k_w C]`` of ``h [N, B, H, W, C]`` zero-padded by ``pads`` (top,
-    bottom, left, right): on the CPU an index gather of pixel rows (:class:`_Gather`), but
-    ``unfold`` for rows shorter than :data:`SHORT_ROWS` channels that need no backward, the images
-    into the stem, where its one strided copy is 4.6x faster than gathering 3-value rows; a 1x1 tap
-    at stride 1 without padding is ``h`` itself (module docstring)."""
-    top, bottom, left, right = pads
-    n, b, height, width, c = h.shape
-    if (rk, ck) == (1, 1) and (height, width) == (ho, wo) and not any(pads):
+def im2col(h: torch.Tensor, rk: int, ck: int, stride: tuple[int, int], ho: int, wo: int) -> torch.Tensor:
+    """Patches ``[N, B H_o W_o, k_h k_w C]`` of the padded ``h [N, B, H_p, W_p, C]`` (module
+    docstring: on the CPU an index gather of pixel rows, but ``unfold`` for rows shorter than
+    :data:`SHORT_ROWS` channels that need no backward, the images into the stem, where its one
+    strided copy is 4.6x faster than gathering 3-value rows; a 1x1 tap at stride 1 is ``h``)."""
+    n, b, hp, wp, c = h.shape
+    if (rk, ck) == (1, 1) and (hp, wp) == (ho, wo):
         return h.reshape(n, b * ho * wo, c)
-    if not (h.is_cuda or (c < SHORT_ROWS and not (h.requires_grad and torch.is_grad_enabled()))):
-        return _Gather.apply(h, rk, ck, tuple(stride), tuple(pads), ho, wo)
-    if any(pads):
-        h = F.pad(h, (0, 0, left, right, top, bottom))
-    patches = h.unfold(2, rk, stride[0]).unfold(3, ck, stride[1])
-    if patches.shape[2:4] != (ho, wo):   # slice only where needed: its backward fills a zero tensor
-        patches = patches[:, :, :ho, :wo]
-    return patches.permute(0, 1, 2, 3, 5, 6, 4).reshape(n, b * ho * wo, rk * ck * c)
+    if h.is_cuda or (c < SHORT_ROWS and not (h.requires_grad and torch.is_grad_enabled())):
+        patches = h.unfold(2, rk, stride[0]).unfold(3, ck, stride[1])
+        if patches.shape[2:4] != (ho, wo):   # slice only where needed: its backward fills a zero tensor
+            patches = patches[:, :, :ho, :wo]
+        return patches.permute(0, 1, 2, 3, 5, 6, 4).reshape(n, b * ho * wo, rk * ck * c)
+    index = _gather_index(b, hp, wp, rk, ck, tuple(stride), ho, wo, h.device)
+    pixels = h.reshape(n, b * hp * wp, c)
+    if n == 1:
+        return pixels.squeeze(0).index_select(0, index).view(1, b * ho * wo, rk * ck * c)
+    return pixels.index_select(1, index).view(n, b * ho * wo, rk * ck * c)
 
 
 class _KeptTaps(torch.autograd.Function):
@@ -289,7 +234,9 @@ def conv(h: torch.Tensor, weight: torch.Tensor, spec: Conv, operands: str | None
     cout, kh, kw = weight.shape[1], weight.shape[3], weight.shape[4]
     r0, rk, top, bottom, ho = taps(height, kh, spec.stride[0], spec.padding[0])
     c0, ck, left, right, wo = taps(width, kw, spec.stride[1], spec.padding[1])
-    a = im2col(h, rk, ck, spec.stride, ho, wo, (top, bottom, left, right))           # [N, M, K]
+    if top or bottom or left or right:
+        h = F.pad(h, (0, 0, left, right, top, bottom))
+    a = im2col(h, rk, ck, spec.stride, ho, wo)                                       # [N, M, K]
     if (rk, ck) != (kh, kw):
         weight = _KeptTaps.apply(weight, r0, rk, c0, ck)
     w = weight.permute(0, 3, 4, 2, 1).reshape(n, rk * ck * cin, cout)   # a view for channels-last weights

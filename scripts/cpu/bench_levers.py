@@ -1,0 +1,109 @@
+"""What is left to gain in the CPU GEMM step, measured piece by piece (``results/cpu_step/``).
+
+``OMP_NUM_THREADS=1 python -m scripts.cpu.bench_levers [--pause-lane]`` prints two side-by-side
+measurements (medians, one thread, the variants interleaved call by call):
+
+* ``dead-taps``: the fp32 training step of the 32 px GEMM model against the same model with the
+  three layer4 convolutions that run at 1x1 replaced by 1x1 convolutions: the same live
+  arithmetic without the taps that meet only padding (their exactly-zero gradients, allocated and
+  stepped by SGD), i.e. the most that dropping those taps from the step could give;
+* ``gemm``: one of layer1's GEMMs (4096x576 @ 576x64) in float32, in oneDNN's bf16 math mode
+  (float32 operands converted on each call: the ``bf16`` run option) and on bfloat16 tensors.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lpmetrics.models import gemm
+from lpmetrics.models.resnet import resnet18
+from scripts.cpu import quiet
+
+LAYER4_AT_1X1 = ("layer4.0.conv2", "layer4.1.conv1", "layer4.1.conv2")   # 32 px, ImageNet stem
+
+
+def interleaved(fns: dict, rounds: int, warm: int = 2) -> dict[str, float]:
+    """Median ms of each callable over ``rounds``, one call each per round, after ``warm`` rounds."""
+    times = {k: [] for k in fns}
+    for r in range(warm + rounds):
+        for k, fn in (fns.items() if r % 2 else reversed(fns.items())):
+            start = time.perf_counter()
+            fn()
+            if r >= warm:
+                times[k].append((time.perf_counter() - start) * 1e3)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def _model(slim: bool, px: int = 32):
+    torch.manual_seed(0)
+    model = resnet18(2, [3, px, px], conv_impl="gemm")
+    if slim:
+        for name in LAYER4_AT_1X1:
+            parent, attr = name.rsplit(".", 1)
+            old = model.get_submodule(name)
+            setattr(model.get_submodule(parent), attr, nn.Conv2d(old.in_channels, old.out_channels, 1, bias=False))
+        model.channels_last()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    return model.train(), opt
+
+
+def dead_taps(rounds: int) -> list[str]:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 3, 32, 32, generator=g).contiguous(memory_format=torch.channels_last)
+    y = torch.randint(0, 2, (64,), generator=g)
+    steps = {}
+    for name, slim in (("full", False), ("layer4 1x1", True)):
+        model, opt = _model(slim)
+
+        def step(model=model, opt=opt):
+            loss = F.cross_entropy(model(x), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+        steps[name] = step
+    ms = interleaved(steps, rounds)
+    params = {name: sum(p.numel() for p in _model(slim)[0].parameters()) for name, slim in (("full", False), ("slim", True))}
+    return [f"dead-taps: fp32 step {ms['full']:.1f} ms; with layer4's 1x1-spatial convolutions as 1x1 "
+            f"{ms['layer4 1x1']:.1f} ms ({ms['layer4 1x1'] / ms['full']:.2f}x); weights {params['full'] / 1e6:.1f}M "
+            f"-> {params['slim'] / 1e6:.1f}M"]
+
+
+def gemm_precisions(rounds: int) -> list[str]:
+    a, b = torch.randn(4096, 576), torch.randn(576, 64)
+    a16, b16 = a.bfloat16(), b.bfloat16()
+
+    def bf16_mode():
+        with gemm._bf16_operands():
+            a @ b
+    ms = interleaved({"fp32": lambda: a @ b, "bf16 math mode": bf16_mode, "bf16 tensors": lambda: a16 @ b16},
+                     rounds * 4)
+    return ["gemm 4096x576 @ 576x64: " + ", ".join(f"{k} {v:.2f} ms" for k, v in ms.items())]
+
+
+LEVERS = {"dead-taps": dead_taps, "gemm": gemm_precisions}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("levers", nargs="*", metavar="LEVER", help=f"any of {', '.join(LEVERS)} (default: all)")
+    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--pause-lane", action="store_true", help="stop the CPU lane's trainings meanwhile (scripts/cpu/quiet.py)")
+    args = ap.parse_args(argv)
+    unknown = [x for x in args.levers if x not in LEVERS]
+    if unknown:
+        ap.error(f"unknown lever(s) {unknown}: choose from {', '.join(LEVERS)}")
+    torch.set_num_threads(1)
+    with quiet.paused_lane() if args.pause_lane else contextlib.nullcontext([]):
+        for lever in args.levers or LEVERS:
+            for line in LEVERS[lever](args.rounds):
+                print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main()
