@@ -56,14 +56,20 @@ Deliberate deviations:
   - Their AdaGrad inner loop is the dual-averaging form, :math:`v = v_{k-1} - \eta_k G_t /
     (\sqrt{S_t} + \delta)` with :math:`G_t, S_t` the stage's sums of (proximal) gradients and
     their squares, every iterate anchored at the reference point; ours is the composite mirror
-    descent form above, each step taken from the last iterate. Both start a stage at the
-    previous stage's average.
+    descent form above, each step taken from the last iterate.
+  - Stage restarts: their PPD-SG (``PPD_SG.py``) continues each stage from its last iterate and
+    uses the stage average only as the next reference point and to reset :math:`\alpha`; their
+    PPD-AdaGrad's iterates are anchored at that average. Ours start every stage at the average
+    (``average=True``), for both; ``average=False`` continues from the last iterate but then also
+    makes it the reference point, so neither option is their PPD-SG's mix.
   - Restart point: they evaluate :math:`\alpha`'s reset at the stage average with
     :math:`\min(3^k, n/B)` fresh batches (:math:`3^k \cdot 128` examples); we re-score a fixed
     ``alpha_samples`` (1,024 examples, :class:`baselines.ppd.SquareAUCMinMax`).
   - Their stages are :math:`T_k = T_0 \sqrt{9}^{\,k-1}` with :math:`T_0 = 200`, :math:`\gamma = 2000`,
     batch 128, ResNet-20 with ELU; ours share the LP runs' network and batch, with
-    :math:`T_0 = 2000` (the LP authors' stage length) and :math:`\gamma = 500`.
+    :math:`T_0 = 2000` (the LP authors' stage length) and :math:`\gamma = 500`, the default of
+    LibAUC's PESG (Yuan et al. 2021, the same group's successor of PPD-SG: ``gamma=500``, later
+    ``epoch_decay=2e-3``), where their PPD-SG and PPD-AdaGrad scripts hard-code :math:`\gamma = 2000`.
   - Neither their scripts nor the paper's regime (``configs/regime/paper.yaml``) use L2 or
     augmentation (``use_L2 False``, ``is_crop_flip False``).
 
