@@ -51,16 +51,30 @@ def children(pid: int) -> list[int]:
     return sorted(out)
 
 
-def _signal_groups(pids: list[int], sig: int) -> None:
-    for pid in pids:
+def trainings(lane_dir: Path) -> list[int]:
+    """The lane's trainings: its children that lead their own process group (the lane starts each
+    in a session of its own). Its other children (the convolution-path choice, ``git``) share the
+    lane's group, which may be a shell's job or the caller's own: never signalled."""
+    pid = lane_pid(Path(lane_dir).expanduser())
+    out = []
+    for child in children(pid) if pid else []:
+        with contextlib.suppress(ProcessLookupError):
+            if os.getpgid(child) == child != os.getpgrp():
+                out.append(child)
+    return out
+
+
+def _signal_groups(groups: list[int], sig: int) -> None:
+    """``sig`` to each process group (a training's pid is its group's id: a pid is not reused while
+    a group of that id lives)."""
+    for group in groups:
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(os.getpgid(pid), sig)
+            os.killpg(group, sig)
 
 
 def continue_lane(lane_dir: Path = lane.DEFAULT_LANE_DIR) -> list[int]:
     """``SIGCONT`` to every training of the lane (harmless on running ones); their pids."""
-    pid = lane_pid(Path(lane_dir).expanduser())
-    pids = children(pid) if pid else []
+    pids = trainings(lane_dir)
     _signal_groups(pids, signal.SIGCONT)
     return pids
 
@@ -71,25 +85,33 @@ class _Interrupted(BaseException):
 
 @contextlib.contextmanager
 def paused_lane(lane_dir: Path = lane.DEFAULT_LANE_DIR, settle_s: float = SETTLE_S) -> Iterator[list[int]]:
-    """Stop the lane's trainings for the ``with`` block; yields their pids (empty: no lane runs)."""
-    pid = lane_pid(Path(lane_dir).expanduser())
-    pids = children(pid) if pid else []
+    """Stop the lane's trainings for the ``with`` block; yields their pids (empty: no lane runs).
+    A signal that arrives while they are being continued is held until all are, then raised."""
+    pids = trainings(lane_dir)
     if not pids:
         yield []
         return
+    continuing, held = False, []   # a signal while continuing is held: raised once every training runs
 
     def interrupt(signum, frame):
-        raise _Interrupted(signal.Signals(signum).name)
+        if not continuing:
+            raise _Interrupted(signal.Signals(signum).name)
+        held.append(signum)
 
-    saved = {s: signal.signal(s, interrupt) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    saved = {}
     try:
+        for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            saved[s] = signal.signal(s, interrupt)
         _signal_groups(pids, signal.SIGSTOP)
         time.sleep(settle_s)
         yield pids
     finally:
+        continuing = True
         _signal_groups(pids, signal.SIGCONT)
         for s, handler in saved.items():
             signal.signal(s, handler)
+    if held:
+        raise _Interrupted(signal.Signals(held[0]).name)
 
 
 def main(argv: list[str] | None = None) -> int:
