@@ -156,3 +156,10 @@ def test_a_lane_set_does_not_override_what_a_study_line_pins(tmp_path, monkeypat
     assert info["segments"][-1]["overrides"] == ["trainer.log_every=7"]   # what it ran with, recorded
     assert lane.study_extra(twin, sets) == (["trainer.log_every=7"], ["model.conv_impl=stock"])
     assert lane.study_extra(base, sets) == (sets, [])
+
+
+def test_a_hydra_prefix_does_not_carry_a_set_past_a_study_pin():
+    """``++KEY=V`` (force) and ``~KEY`` (delete) would undo the pin in Hydra as ``KEY=V`` would."""
+    twin = entries_of(NAME, RUN_LIST)["ce_lr0.1_bf16_s0"]
+    sets = ["++model.conv_impl=stock", "~trainer.precision", "+trainer.extra_key=1"]
+    assert lane.study_extra(twin, sets) == (["+trainer.extra_key=1"], sets[:2])

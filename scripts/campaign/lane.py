@@ -200,9 +200,12 @@ def study_entries(name: str, path: Path, queue: dict) -> list[dict]:
 def study_extra(entry: dict, extra: list[str]) -> tuple[list[str], list[str]]:
     """(the ``--set`` overrides ``entry``'s training gets, those left out): a study run keeps each
     key its line changes (its twins' pinned ``model.conv_impl``, say), so a ``--set`` of such a key
-    is left out of its command; a queue entry gets them all."""
-    pinned = {c.split("=", 1)[0] for c in entry.get("changes", [])}
-    kept = [s for s in extra if s.split("=", 1)[0] not in pinned]
+    is left out of its command, whatever Hydra prefix it carries (``+``, ``++``, ``~``); a queue
+    entry gets them all."""
+    def key(override: str) -> str:
+        return override.split("=", 1)[0].lstrip("+~")
+    pinned = {key(c) for c in entry.get("changes", [])}
+    kept = [s for s in extra if key(s) not in pinned]
     return kept, [s for s in extra if s not in kept]
 
 
