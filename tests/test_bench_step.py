@@ -19,3 +19,16 @@ def test_bench_step_smallest(tmp_path, monkeypatch):
         assert 0 < r["arith_share"] <= 1 and 0 < r["eval_arith_share"] <= 1, form
         assert 0 < r["arith_floor"] <= r["step_ratio"] and 0 < r["eval_arith_floor"] <= r["eval_ratio"], form
         assert any(op.startswith("aten::mm") or "convolution" in op for op, _, _ in r["top_ops"]), form
+
+
+def test_bench_levers_prints_each_lever(capsys):
+    from scripts.cpu import bench_levers
+    bench_levers.main(["gemm", "--rounds", "1"])
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("gemm 4096x576 @ 576x64: fp32 ") and "bf16 math mode" in line and "bf16 tensors" in line
+    try:
+        bench_levers.main(["nonsense"])
+    except SystemExit as exc:
+        assert exc.code == 2
+    else:
+        raise AssertionError("an unknown lever must be refused")

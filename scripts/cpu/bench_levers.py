@@ -1,7 +1,7 @@
 """What is left to gain in the CPU GEMM step, measured piece by piece (``results/cpu_step/``).
 
 ``OMP_NUM_THREADS=1 python -m scripts.cpu.bench_levers [--pause-lane]`` prints two side-by-side
-measurements (medians, one thread, the variants interleaved call by call):
+measurements (medians, one thread, the variants interleaved call by call: :func:`scripts.cpu.bench_step.interleaved`):
 
 * ``dead-taps``: the fp32 training step of the 32 px GEMM model against the same model with the
   three layer4 convolutions that run at 1x1 replaced by 1x1 convolutions: the same live
@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import statistics
-import time
 
 import torch
 import torch.nn.functional as F
@@ -24,20 +22,9 @@ from torch import nn
 from lpmetrics.models import gemm
 from lpmetrics.models.resnet import resnet18
 from scripts.cpu import quiet
+from scripts.cpu.bench_step import interleaved
 
 LAYER4_AT_1X1 = ("layer4.0.conv2", "layer4.1.conv1", "layer4.1.conv2")   # 32 px, ImageNet stem
-
-
-def interleaved(fns: dict, rounds: int, warm: int = 2) -> dict[str, float]:
-    """Median ms of each callable over ``rounds``, one call each per round, after ``warm`` rounds."""
-    times = {k: [] for k in fns}
-    for r in range(warm + rounds):
-        for k, fn in (fns.items() if r % 2 else reversed(fns.items())):
-            start = time.perf_counter()
-            fn()
-            if r >= warm:
-                times[k].append((time.perf_counter() - start) * 1e3)
-    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def _model(slim: bool, px: int = 32):

@@ -11,6 +11,11 @@ memory bandwidth with the measurement: float32 GEMMs ran up to 5x slower beside 
 (``results/cpu_step/``). Stopping the lane (``cpu stop``) costs each training the steps since its
 last checkpoint (up to 1,000) and a restart; pausing costs only the seconds it lasts.
 
+Not covered: a training the lane starts during the pause (another finished meanwhile) runs
+unpaused; and a ``cpu stop`` during a pause cannot end the stopped trainings by ``SIGTERM``, so
+the lane kills them after its grace period and they lose the steps since their last checkpoint,
+as a killed training does. Pause for minutes, not hours.
+
 ``python -m scripts.cpu.quiet -- CMD ...`` runs one command with the lane paused.
 """
 from __future__ import annotations
