@@ -163,3 +163,23 @@ def test_a_hydra_prefix_does_not_carry_a_set_past_a_study_pin():
     twin = entries_of(NAME, RUN_LIST)["ce_lr0.1_bf16_s0"]
     sets = ["++model.conv_impl=stock", "~trainer.precision", "+trainer.extra_key=1"]
     assert lane.study_extra(twin, sets) == (["+trainer.extra_key=1"], sets[:2])
+
+
+def test_partial_report_removes_a_stale_copy_of_a_run_no_longer_finished(tmp_path, monkeypatch):
+    """A copy an earlier report made under ``runs/<run>/`` goes when the run is no longer one the
+    report places (here: its folder is gone, so it is unfinished)."""
+    from scripts.cpu import precision_report
+    out = tmp_path / "out"
+    stale = out / "runs" / "ghost"
+    stale.mkdir(parents=True)
+    (stale / "metrics.csv").write_text("step\n")
+
+    class Run:
+        name, finished = "ghost", False
+    monkeypatch.setattr(precision_report, "study_runs", lambda lane_dir, campaign_dir: [Run()])
+    monkeypatch.setattr(precision_report, "check_protocols", lambda runs, partial: None)
+    monkeypatch.setattr(precision_report, "check_finished", lambda runs, partial: runs)
+    monkeypatch.setattr(precision_report, "table_text", lambda runs, unfinished: ("table", "partial"))
+    monkeypatch.setattr(precision_report, "curves", lambda runs: {})
+    assert precision_report.report(tmp_path / "lane", out, partial=True, log=lambda *a: None) == "partial"
+    assert not stale.exists() and (out / "table.md").read_text() == "table"

@@ -384,6 +384,7 @@ class Lane:
         self.dir, self.campaign_dir, self.jobs, self.everything = lane_dir, campaign_dir, jobs, everything
         self.extra = list(extra or [])
         self.studies = STUDIES if studies is None else tuple(studies)   # () = --no-studies
+        self._finished_checked: dict[tuple, str | None] = {}             # refuse_foreign_finished
         self.log = log
         self.children: dict[str, subprocess.Popen] = {}
         self.refused: dict[str, str] = {}
@@ -495,14 +496,18 @@ class Lane:
                 run = LaneRun.of(self.dir, entry["key"])
                 if run.results() is None or not run.info.get("config_sha"):
                     continue   # unfinished (the loop above checks it) or no record to compare
-                why = study_protocol(entry, compose)
-                held = None if why else foreign_protocol(run, entry["config_sha"])
-                if held:
-                    why = (f"finished under protocol {held}, its line in {path.name} composes to "
-                           f"{entry['config_sha']} now: not counted as finished; delete {run.folder} so the "
-                           "lane trains it afresh, or restore the line")
-                if why:
-                    self.refuse(entry["key"], why)
+                # composing takes ~0.5 s: once per (line, recorded protocol), not at every poll
+                seen = (entry["key"], tuple(entry["overrides"]), run.info["config_sha"])
+                if seen not in self._finished_checked:
+                    why = study_protocol(entry, compose)
+                    held = None if why else foreign_protocol(run, entry["config_sha"])
+                    if held:
+                        why = (f"finished under protocol {held}, its line in {path.name} composes to "
+                               f"{entry['config_sha']} now: not counted as finished; delete {run.folder} so "
+                               "the lane trains it afresh, or restore the line")
+                    self._finished_checked[seen] = why
+                if self._finished_checked[seen]:
+                    self.refuse(entry["key"], self._finished_checked[seen])
 
     def supervise(self, commit: str, once: bool = False) -> int:
         code = code_snapshot(self.dir, commit)

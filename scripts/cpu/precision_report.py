@@ -329,6 +329,8 @@ def report(lane_dir: Path, out: Path, partial: bool = False, campaign_dir: Path 
     for r in runs:
         if r.finished:
             copy_run(r, out)
+        else:   # unfinished or of another protocol: no copy from an earlier report stays behind
+            shutil.rmtree(out / "runs" / r.name, ignore_errors=True)
     text, answer = table_text(runs, unfinished)
     out.mkdir(parents=True, exist_ok=True)
     (out / "table.md").write_text(text)
