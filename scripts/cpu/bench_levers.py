@@ -1,12 +1,14 @@
 """What is left to gain in the CPU GEMM step, measured piece by piece (``results/cpu_step/``).
 
-``OMP_NUM_THREADS=1 python -m scripts.cpu.bench_levers [--pause-lane]`` prints two side-by-side
+``OMP_NUM_THREADS=1 python -m scripts.cpu.bench_levers [--pause-lane]`` prints side-by-side
 measurements (medians, one thread, the variants interleaved call by call: :func:`scripts.cpu.bench_step.interleaved`):
 
 * ``dead-taps``: the fp32 training step of the 32 px GEMM model against the same model with the
   three layer4 convolutions that run at 1x1 replaced by 1x1 convolutions: the same live
   arithmetic without the taps that meet only padding (their exactly-zero gradients, allocated and
   stepped by SGD), i.e. the most that dropping those taps from the step could give;
+* ``malloc``: the fp32 32 px GEMM step in fresh processes with glibc's default allocator
+  against the CPU lane's ``MALLOC_ENV`` (allocations kept in the heap: no fresh pages faulting);
 * ``gemm``: one of layer1's GEMMs (4096x576 @ 576x64) in float32, in oneDNN's bf16 math mode
   (float32 operands converted on each call: the ``bf16`` run option) and on bfloat16 tensors.
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import statistics
 
 import torch
 import torch.nn.functional as F
@@ -73,7 +76,55 @@ def gemm_precisions(rounds: int) -> list[str]:
     return ["gemm 4096x576 @ 576x64: " + ", ".join(f"{k} {v:.2f} ms" for k, v in ms.items())]
 
 
-LEVERS = {"dead-taps": dead_taps, "gemm": gemm_precisions}
+MALLOC_STEPS = """
+import resource, statistics, sys, time
+import torch, torch.nn.functional as F
+from lpmetrics.models.resnet import resnet18
+torch.manual_seed(0)
+model = resnet18(2, [3, 32, 32], conv_impl="gemm").train()
+opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+x = torch.randn(64, 3, 32, 32).contiguous(memory_format=torch.channels_last)
+y = torch.randint(0, 2, (64,))
+def step():
+    loss = F.cross_entropy(model(x), y)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+for _ in range(3):
+    step()
+times, faults = [], resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(int(sys.argv[1])):
+    start = time.perf_counter()
+    step()
+    times.append(time.perf_counter() - start)
+faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+print(statistics.median(times) * 1e3, faults / len(times))
+"""
+
+
+def malloc(rounds: int) -> list[str]:
+    """The fp32 32 px GEMM step in fresh processes, glibc's default malloc against the lane's
+    :data:`scripts.campaign.lane.MALLOC_ENV`, alternating, 5 processes each."""
+    import os
+    import subprocess
+    import sys
+
+    from scripts.campaign.lane import MALLOC_ENV
+    base = {k: v for k, v in os.environ.items() if k not in MALLOC_ENV} | {"OMP_NUM_THREADS": "1"}
+    envs = {"default": base, "lane": base | MALLOC_ENV}
+    out = {k: [] for k in envs}
+    for _ in range(5):
+        for name, env in envs.items():
+            ms, faults = subprocess.run([sys.executable, "-c", MALLOC_STEPS, str(rounds)], env=env, check=True,
+                                        capture_output=True, text=True).stdout.split()
+            out[name].append((float(ms), float(faults)))
+    med = {k: (statistics.median(m for m, _ in v), statistics.median(f for _, f in v)) for k, v in out.items()}
+    return [f"malloc: fp32 step {med['default'][0]:.1f} ms, {med['default'][1]:.0f} minor faults per step with "
+            f"glibc's defaults; {med['lane'][0]:.1f} ms, {med['lane'][1]:.0f} with the lane's MALLOC_ENV "
+            f"({med['lane'][0] / med['default'][0]:.2f}x; medians of 5 processes each)"]
+
+
+LEVERS = {"dead-taps": dead_taps, "gemm": gemm_precisions, "malloc": malloc}
 
 
 def main(argv: list[str] | None = None) -> None:
