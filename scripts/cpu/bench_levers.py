@@ -19,13 +19,12 @@ import contextlib
 import statistics
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from lpmetrics.models import gemm
 from lpmetrics.models.resnet import resnet18
 from scripts.cpu import quiet
-from scripts.cpu.bench_step import interleaved
+from scripts.cpu.bench_step import interleaved, step_fn
 
 LAYER4_AT_1X1 = ("layer4.0.conv2", "layer4.1.conv1", "layer4.1.conv2")   # 32 px, ImageNet stem
 
@@ -47,21 +46,15 @@ def dead_taps(rounds: int) -> list[str]:
     g = torch.Generator().manual_seed(0)
     x = torch.randn(64, 3, 32, 32, generator=g).contiguous(memory_format=torch.channels_last)
     y = torch.randint(0, 2, (64,), generator=g)
-    steps = {}
+    steps, params = {}, {}
     for name, slim in (("full", False), ("layer4 1x1", True)):
         model, opt = _model(slim)
-
-        def step(model=model, opt=opt):
-            loss = F.cross_entropy(model(x), y)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-        steps[name] = step
+        steps[name] = step_fn(model, opt, x, y, amp=False)
+        params[name] = sum(p.numel() for p in model.parameters())
     ms = interleaved(steps, rounds)
-    params = {name: sum(p.numel() for p in _model(slim)[0].parameters()) for name, slim in (("full", False), ("slim", True))}
     return [f"dead-taps: fp32 step {ms['full']:.1f} ms; with layer4's 1x1-spatial convolutions as 1x1 "
             f"{ms['layer4 1x1']:.1f} ms ({ms['layer4 1x1'] / ms['full']:.2f}x); weights {params['full'] / 1e6:.1f}M "
-            f"-> {params['slim'] / 1e6:.1f}M"]
+            f"-> {params['layer4 1x1'] / 1e6:.1f}M"]
 
 
 def gemm_precisions(rounds: int) -> list[str]:
