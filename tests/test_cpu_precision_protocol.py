@@ -11,6 +11,7 @@ The hashes the tests expect are composed here, independently of the code under t
 from __future__ import annotations
 
 import json
+from pathlib import Path
 import sys
 
 import pytest
@@ -108,6 +109,7 @@ def test_the_lane_neither_resumes_nor_counts_as_finished_a_run_of_an_edited_line
     assert sup.refused[f"{name}/ce_fp32"].startswith(        # finished, but not counted as finished
         f"finished under protocol {before['ce_fp32']}, its line in {path.name} composes to {now['ce_fp32']} "
         f"now: not counted as finished; delete {finished.folder} so the lane trains it afresh")
+    assert state_of(lane_dir, camp, f"{name}/ce_fp32") == "refused"   # what `cpu status` shows, not "finished"
 
     path.write_text(committed)                                 # the lines restored
     started.clear()
@@ -115,6 +117,13 @@ def test_the_lane_neither_resumes_nor_counts_as_finished_a_run_of_an_edited_line
     sup.start_run = lambda entry, code, commit: started.append(entry["key"])
     sup.fill(ROOT, "0" * 40)
     assert started == [f"{name}/ce_bf16"] and sup.refused == {}   # resumed; the finished one is finished
+    assert state_of(lane_dir, camp, f"{name}/ce_fp32") == "finished"
+
+
+def state_of(lane_dir: Path, camp: Path, key: str) -> str:
+    """The state column of ``key``'s row in the lane's status."""
+    row, = [ln for ln in lane.status_lines(lane_dir, camp) if ln.startswith(f"{key} ")]
+    return row.split()[1]
 
 
 def entries_of_digits(camp, name, path) -> dict[str, dict]:

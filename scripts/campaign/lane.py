@@ -46,7 +46,7 @@ in ``<lane dir>/studies/<study>/<run>/`` (key ``<study>/<run>``), show in ``cpu 
 never folded: a study's report reads them (``python -m scripts.cpu.precision_report``).
 ``cpu start --no-studies`` leaves the stage out, started study runs included: they wait, and resume
 at the next start without it. A study run's protocol is what its line composes to now: a folder
-whose ``lane.json`` records another (the line was edited after it began; :func:`foreign_protocol`,
+whose ``lane.json`` records another (the line was edited after it began; :func:`protocol_held`,
 the one comparison the lane and the report make) is neither resumed nor, once finished, counted
 as finished: it is refused with both hashes until its folder is deleted (the lane then trains it
 afresh) or the line restored.
@@ -207,6 +207,18 @@ def study_extra(entry: dict, extra: list[str]) -> tuple[list[str], list[str]]:
     pinned = {key(c) for c in entry.get("changes", [])}
     kept = [s for s in extra if key(s) not in pinned]
     return kept, [s for s in extra if s not in kept]
+
+
+def protocol_held(entry: dict, run: "LaneRun", compose) -> tuple[str | None, str | None]:
+    """The one check of a run folder against its entry, for the lane and a study's report:
+    ``(why, held)``, why the entry cannot run now (a study line that no longer composes; ``held`` is
+    then ``None``) and the other protocol ``run``'s folder records (:func:`foreign_protocol`). A
+    study run's ``config_sha`` is first set from its line as it composes now (:func:`study_protocol`)."""
+    if entry.get("study"):
+        why = study_protocol(entry, compose)
+        if why:
+            return why, None
+    return None, foreign_protocol(run, entry["config_sha"])
 
 
 def foreign_protocol(run: LaneRun, sha: str) -> str | None:
@@ -413,12 +425,10 @@ class Lane:
         """Why ``entry`` cannot be trained here now, or ``None``. A study run's protocol is what its
         overrides compose to now (set as its ``config_sha``: a folder begun under other overrides
         is refused like a queue entry's)."""
-        if entry.get("study"):
-            why = study_protocol(entry, compose)
-            if why:
-                return why
         run = LaneRun.of(self.dir, entry["key"])
-        held = foreign_protocol(run, entry["config_sha"])
+        why, held = protocol_held(entry, run, compose)
+        if why:
+            return why
         if held:
             return (f"its run folder {run.folder} holds protocol {held}, the entry is "
                     f"{entry['config_sha']}: neither resumed nor folded (move the folder away to train it afresh)")
@@ -503,7 +513,9 @@ class Lane:
 
     def refuse_foreign_finished(self, compose) -> None:
         """Refuse each finished study run whose folder holds another protocol than its line composes
-        to now (:func:`foreign_protocol`): not counted as finished, and never trained over."""
+        to now (:func:`protocol_held`): not counted as finished, and never trained over. The refusal
+        is written into its ``lane.json`` (``refused``) for ``cpu status``, and taken out again once
+        the line composes to the folder's protocol."""
         for name, path in self.studies:
             for entry in study_entries(name, path, self.queue):
                 run = LaneRun.of(self.dir, entry["key"])
@@ -512,15 +524,19 @@ class Lane:
                 # composing takes ~0.5 s: once per (line, recorded protocol), not at every poll
                 seen = (entry["key"], tuple(entry["overrides"]), run.info["config_sha"])
                 if seen not in self._finished_checked:
-                    why = study_protocol(entry, compose)
-                    held = None if why else foreign_protocol(run, entry["config_sha"])
+                    why, held = protocol_held(entry, run, compose)
                     if held:
                         why = (f"finished under protocol {held}, its line in {path.name} composes to "
                                f"{entry['config_sha']} now: not counted as finished; delete {run.folder} so "
                                "the lane trains it afresh, or restore the line")
                     self._finished_checked[seen] = why
-                if self._finished_checked[seen]:
-                    self.refuse(entry["key"], self._finished_checked[seen])
+                why = self._finished_checked[seen]
+                if why:
+                    self.refuse(entry["key"], why)
+                if run.info.get("refused") != why:
+                    run.info.pop("refused", None)
+                    run.info.update({"refused": why} if why else {})
+                    run.save()
 
     def supervise(self, commit: str, once: bool = False) -> int:
         code = code_snapshot(self.dir, commit)
@@ -613,7 +629,8 @@ def status_lines(lane_dir: Path, campaign_dir: Path, studies=None) -> list[str]:
         steps = run.info.get("steps") or next((e["steps"] for e in order if e["key"] == key), None) or 40000
         step, rate = run.progress()
         done_at = ledger.get("runs", {}).get(key, {}).get("status")
-        state = ("folded" if run.info.get("folded") or done_at else "finished" if res is not None
+        state = ("folded" if run.info.get("folded") or done_at else "refused" if run.info.get("refused")
+                 else "finished" if res is not None
                  else "training" if run.locked() else "stopped" if run.folder.is_dir() else "queued")
         step = (res or {}).get("final", {}).get("step") if res else step
         if step is None and rows:

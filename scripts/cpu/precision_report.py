@@ -28,7 +28,7 @@ reads each run's evaluations so far, labels the table partial and gives no verdi
 
 Each run must be its line's run now: where a folder's ``lane.json`` records another protocol hash
 than the line composes to today (the run list was edited after the run began; the lane's own
-comparison, :func:`scripts.campaign.lane.foreign_protocol`), the report refuses, naming the run and
+comparison, :func:`scripts.campaign.lane.protocol_held`), the report refuses, naming the run and
 both hashes: delete that folder so the lane trains it afresh, or restore the line. ``--partial``
 lists such runs as mismatched and leaves their folders out of the table, the curves and the copies.
 A folder without that record is not compared (the lane writes it into every folder it starts).
@@ -118,10 +118,10 @@ def study_runs(lane_dir: Path, campaign_dir: Path = campaign_queue.DEFAULT_DIR) 
             held = lane.LaneRun.of(lane_dir, entry["key"])
             if held.info.get("config_sha"):
                 compose = compose or stack.enter_context(composer())
-                why = lane.study_protocol(entry, compose)
+                why, run.foreign = lane.protocol_held(entry, held, compose)
                 if why:
                     raise ReportError(f"{entry['key']}: {why}")
-                run.protocol, run.foreign = entry["config_sha"], lane.foreign_protocol(held, entry["config_sha"])
+                run.protocol = entry["config_sha"]
             if not run.foreign:
                 run.rows, run.results = held.rows(), held.results()
             out.append(run)
