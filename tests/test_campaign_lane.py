@@ -402,3 +402,20 @@ def test_a_killed_study_run_resumes_to_the_uninterrupted_metrics(digits_study, t
     assert len(segments) == 2 and segments[-1]["resumed_from_step"] is not None
     ref = lane.run_folder(reference, key)
     assert (run.folder / "metrics.csv").read_text() == (ref / "metrics.csv").read_text()
+
+
+def test_status_rate_is_the_segments_mean_not_the_bars_moving_average(tmp_path):
+    """A resumed segment's bar starts at its resume step; after a pause the bar's own rate is
+    inflated, while the mean since the segment began (what an ETA needs) is elapsed / steps."""
+    run = lane.LaneRun.of(tmp_path, "k")
+    run.folder.mkdir(parents=True)
+    bar = ("train:  12%| | 1000/8000 [00:00<?, ?it/s]\r"
+           "train:  13%| | 1500/8000 [02:00<26:00,  4.17it/s]\r"
+           "train:  19%| | 1520/8000 [1:01:20<9:00:00,  12.50s/it, loss=0.3]\r")   # after a 59-minute pause
+    (run.folder / "train.log").write_text("=== header\n" + bar)
+    assert run.progress() == (1520, 12.5)                  # no segment recorded: the bar's rate
+    run.info = {"segments": [{"resumed_from_step": 0}, {"resumed_from_step": 1000}]}
+    step, rate = run.progress()
+    assert step == 1520 and rate == pytest.approx(3680 / 520)
+    (run.folder / "train.log").write_text("=== header\n")
+    assert run.progress() == (None, None)

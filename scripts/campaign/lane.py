@@ -290,19 +290,28 @@ class LaneRun:
             return list(csv.DictReader(fh))
 
     def progress(self) -> tuple[int | None, float | None]:
-        """(step, s/step) from the training's progress bar (``train.log``), else (None, None)."""
+        """(step, s/step) from the training's progress bar (``train.log``), else (None, None).
+        s/step is the mean since the segment began (the bar's elapsed time over the steps since the
+        step it resumed from, ``lane.json``), evaluations and any pause included, so an ETA holds
+        over the run; the bar's own rate, a moving average that a pause or an evaluation inflates
+        for a while, only where the segment's start is unknown."""
         log = self.folder / "train.log"
         if not log.is_file():
             return None, None
         with open(log, "rb") as fh:
             fh.seek(max(0, log.stat().st_size - 8192))
             tail = fh.read().decode(errors="replace")
-        found = re.findall(r"(\d+)/(\d+) \[[^\]]*?(\d+(?:\.\d+)?)(s/it|it/s)", tail)
+        found = re.findall(r"(\d+)/(\d+) \[([\d:]+)<[^\]]*?(\d+(?:\.\d+)?)(s/it|it/s)", tail)
         if not found:
             return None, None
-        step, _, rate, unit = found[-1]
+        step, _, elapsed, rate, unit = found[-1]
+        step, segments = int(step), self.info.get("segments") or [{}]
+        since = segments[-1].get("resumed_from_step")
+        if since is not None and step > since:
+            seconds = sum(int(part) * 60 ** i for i, part in enumerate(reversed(elapsed.split(":"))))
+            return step, seconds / (step - since)
         rate = float(rate)
-        return int(step), (rate if unit == "s/it" else (1.0 / rate if rate else None))
+        return step, (rate if unit == "s/it" else (1.0 / rate if rate else None))
 
 
 # ----------------------------------------------------------------------------- code and commands
