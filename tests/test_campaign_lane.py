@@ -419,3 +419,16 @@ def test_status_rate_is_the_segments_mean_not_the_bars_moving_average(tmp_path):
     assert step == 1520 and rate == pytest.approx(3680 / 520)
     (run.folder / "train.log").write_text("=== header\n")
     assert run.progress() == (None, None)
+
+
+def test_held_lists_the_begun_unfolded_queue_runs_for_a_windows_exclude(digits_study, capsys):
+    camp, lane_dir = digits_study
+    for key in (*QUEUE_KEYS, "prec/ce_fp32"):
+        lane.LaneRun.of(lane_dir, key).folder.mkdir(parents=True)
+    assert cpu(camp, lane_dir, "held") == 0
+    assert capsys.readouterr().out.split() == sorted(QUEUE_KEYS)      # no study run: not a queue entry
+    folded = lane.LaneRun.of(lane_dir, QUEUE_KEYS[0])
+    folded.info = {"folded": "2026-11-28T00:00:00Z"}
+    folded.save()
+    assert cpu(camp, lane_dir, "held") == 0
+    assert capsys.readouterr().out.split() == [QUEUE_KEYS[1]]

@@ -652,6 +652,16 @@ def status_lines(lane_dir: Path, campaign_dir: Path, studies=None) -> list[str]:
     return lines
 
 
+def held_keys(lane_dir: Path, campaign_dir: Path) -> list[str]:
+    """The queue keys the lane has begun and not folded (training, stopped, or finished and not yet
+    folded), one run folder each: what a GPU window must leave out (``gpu_window.sh``'s ``EXCLUDE``)
+    so that no entry trains in two places. Study runs are no queue entries and are not listed."""
+    _, ledger = campaign_queue.load(campaign_dir)
+    done = ledger.get("runs", {})
+    return [p.name for p in sorted((lane_dir / "runs").glob("*/"))
+            if p.name not in done and not LaneRun.of(lane_dir, p.name).info.get("folded")]
+
+
 def lane_holder(lane_dir: Path) -> str | None:
     """``pid N since T`` of the running lane, or ``None``."""
     path = lane_dir / "lane.lock"
@@ -733,7 +743,9 @@ def stop(args) -> int:
 
 def add_parser(sub) -> None:
     c = sub.add_parser("cpu", help="the CPU lane: the headline cells' runs, one per core, in the background")
-    c.add_argument("action", choices=("start", "status", "fold", "stop"))
+    c.add_argument("action", choices=("start", "status", "fold", "stop", "held"),
+                   help="held: the queue keys the lane has begun and not folded, one per line (a GPU "
+                        "window's EXCLUDE file)")
     c.add_argument("--lane-dir", default=str(DEFAULT_LANE_DIR),
                    help="run folders, code snapshots, locks and the log (outside the repository)")
     c.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="trainings at a time (one per core)")
@@ -750,12 +762,15 @@ def add_parser(sub) -> None:
 
 
 def main(args) -> int:
-    """``cpu start|stop|fold|status``; a :class:`LaneError` reaches the command line (one typed line)."""
+    """``cpu start|stop|fold|status|held``; a :class:`LaneError` reaches the command line (one typed line)."""
     lane_dir, campaign_dir = Path(args.lane_dir).expanduser(), Path(args.dir)
     if args.action == "start":
         return start(args)
     if args.action == "stop":
         return stop(args)
+    if args.action == "held":
+        print("\n".join(held_keys(lane_dir, campaign_dir)))
+        return 0
     if args.action == "fold":
         folded = fold_finished(lane_dir, campaign_dir)
         print(f"lane: folded {len(folded)} run(s){': ' + ', '.join(folded) if folded else ''}")
