@@ -543,8 +543,10 @@ class Lane:
                 if why:
                     self.refuse(entry["key"], why)
                 if run.info.get("refused") != why:
-                    run.info.pop("refused", None)
-                    run.info.update({"refused": why} if why else {})
+                    if why:
+                        run.info["refused"] = why
+                    else:
+                        run.info.pop("refused", None)
                     run.save()
 
     def supervise(self, commit: str, once: bool = False) -> int:

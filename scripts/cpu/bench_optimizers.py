@@ -31,12 +31,14 @@ OPTIMIZERS = {   # name -> (class, keywords): the campaign's optimizers at their
 }
 
 
-def measure(rounds: int) -> dict[str, float]:
-    """Median ms of one ``step()`` per optimizer, interleaved over ``rounds`` rounds."""
-    steppers = {}
+def measure(rounds: int) -> tuple[dict[str, float], int]:
+    """Median ms of one ``step()`` per optimizer, interleaved over ``rounds`` rounds, and the
+    number of parameters each step updated."""
+    steppers, weights = {}, 0
     for name, (cls, kw) in OPTIMIZERS.items():
         torch.manual_seed(0)
         model = resnet18(num_classes=2)
+        weights = sum(p.numel() for p in model.parameters())
         for p in model.parameters():
             p.grad = torch.randn_like(p) * 1e-3
         steppers[name] = cls(model.parameters(), **kw)
@@ -47,7 +49,7 @@ def measure(rounds: int) -> dict[str, float]:
             start = time.perf_counter()
             opt.step()
             times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(t) * 1e3 for name, t in times.items()}
+    return {name: statistics.median(t) * 1e3 for name, t in times.items()}, weights
 
 
 def main(argv=None) -> int:
@@ -62,8 +64,7 @@ def main(argv=None) -> int:
         from scripts.cpu.quiet import paused_lane
         pause = paused_lane()
     with pause:
-        ms = measure(args.rounds)
-    weights = sum(p.numel() for p in resnet18(num_classes=2).parameters())
+        ms, weights = measure(args.rounds)
     print(f"ResNet-18 ({weights / 1e6:.1f}M parameters), one thread, median of {args.rounds} steps:")
     for name, t in ms.items():
         print(f"  {name:12} {t:7.1f} ms  {t / ms['sgd']:5.2f}x sgd")
