@@ -1,32 +1,33 @@
 r"""``model.conv_impl=auto``: each machine chooses a ResNet's convolution path by gate, then time.
 
 A run's convolutions can be torchvision's modules (``stock``: oneDNN's direct convolutions on the
-CPU, cuDNN on CUDA) or GEMMs (``gemm``: :class:`models.gemm_resnet.GemmResNet`, the code a GEMM
-pack runs). Which is faster depends on the CPU (AVX-512, AVX512-BF16 and AMX-BF16 or not), the
-image size and the precision, and a path is only worth its speed if it trains what the stock
-model trains. So, as a GPU window chooses its pack mode (:mod:`packed.select`), :func:`choose`
+CPU, cuDNN on CUDA), GEMMs (``gemm``: :class:`models.gemm_resnet.GemmResNet`, the code a GEMM
+pack runs) or GEMMs on the small maps and oneDNN's direct kernel on the large ones (``mixed``).
+Which is faster depends on the CPU (AVX-512, AVX512-BF16 and AMX-BF16 or not), the image size and
+the precision, and a path is only worth its speed if it trains what the stock model trains. So,
+as a GPU window chooses its pack mode (:mod:`packed.select`), :func:`choose`
 
-1. **gates** the GEMM path against the stock model. ``trainer.precision=fp32``: both in float64
+1. **gates** each of the other paths (:data:`CANDIDATES`) against the stock model. ``trainer.precision=fp32``: both in float64
    from the same initial weights, :data:`GATE_STEPS` SGD steps (momentum, weight decay) on the
    same random batch of the run's image shape; the logits, every parameter gradient, the
    BatchNorm running statistics and the parameters after each step, then the evaluation forward
    in both BatchNorm modes, must agree to :data:`FP64_TOL` relative (float64 equality class: the
    two differ only in summation order, ~1e-14 measured). ``bf16``: one training forward and
    backward in float32 of the stock model (the reference), of the stock model under bf16
-   autocast (the error the precision already brings: distance :math:`r`) and of the GEMM model
+   autocast (the error the precision already brings: distance :math:`r`) and of the candidate
    with bf16 operands (distance :math:`d`), each the relative 2-norm distance of the logits and
    of the flat gradient to the reference; pass iff :math:`d \le K \max(r, 2^{-23})` for both,
    :data:`K` = 4 as in :mod:`packed.select` (recorded: ``d``, ``r`` and the bound);
-2. **times** a training step (forward, cross-entropy, backward, SGD) of each at the run's batch
-   and shape and precision, interleaved round by round so drifting load hits both, after one
-   warm step: the median of :data:`REPS`;
-3. **chooses** the faster path that passed; any error, a failed gate or a slower GEMM path:
+2. **times** a training step (forward, cross-entropy, backward, SGD) of stock and of each
+   candidate that passed, at the run's batch and shape and precision, interleaved round by round
+   so drifting load hits all alike, after one warm step: the median of :data:`REPS`;
+3. **chooses** the fastest path that passed; any error, or no candidate passing and faster:
    ``stock``, with the reason.
 
 ``auto`` never changes the precision: both paths run at the run's ``trainer.precision``.
 On CUDA (and any device but the CPU) ``auto`` is ``stock`` (cuDNN's convolutions; the GEMM path
 there is the GPU packs' business). The choice costs a few seconds (float64 gate, then
-``2 (1 + REPS)`` steps) and is cached per machine in ``~/.cache/lpmetrics/conv_impl.json``
+``3 (1 + REPS)`` steps) and is cached per machine in ``~/.cache/lpmetrics/conv_impl.json``
 (``$LPMETRICS_CACHE`` overrides the folder), keyed by the CPU model, its flags, the torch version,
 the thread count, the image shape, batch, stem and precision. The record (JSON-ready, written into
 every run's ``results.json`` by the run layer) names the path, the precision, the threads, the
@@ -58,7 +59,8 @@ GATE_BATCH = 8         # images in the gate's batch
 REPS = 3               # timed steps per path (after one warm step)
 #: CPU flags that decide the GEMMs' speed (recorded; the cache key hashes the whole flag list)
 SIMD_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16")
-CACHE_VERSION = 2      # bump when the rule changes: older entries are then chosen afresh
+CACHE_VERSION = 3      # bump when the rule changes: older entries are then chosen afresh
+CANDIDATES = ("gemm", "mixed")   # the paths auto weighs against stock
 _MEMO: dict[str, dict] = {}   # this process's choices (a read-only cache folder chooses once per process)
 
 
@@ -122,28 +124,28 @@ def _eval_logits(model: nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
         return [model.eval()(x), bn_train(x)]
 
 
-def gate_fp32(make: Callable[[str], nn.Module], shape: tuple, classes: int) -> dict:
-    """Float64 twins (module docstring, step 1): the largest relative distance over logits,
-    gradients, statistics and parameters, and whether it is within :data:`FP64_TOL`."""
+def gate_fp32(make: Callable[[str], nn.Module], shape: tuple, classes: int, impl: str = "gemm") -> dict:
+    """Float64 twins, stock and ``impl`` (module docstring, step 1): the largest relative distance
+    over logits, gradients, statistics and parameters, and whether it is within :data:`FP64_TOL`."""
     g = torch.Generator().manual_seed(0)
     x = torch.randn(GATE_BATCH, *shape, generator=g, dtype=torch.float64)
     y = torch.randint(0, classes, (GATE_BATCH,), generator=g)
-    twins = {impl: make(impl).double().train() for impl in ("stock", "gemm")}
-    twins["gemm"].load_state_dict(twins["stock"].state_dict())
-    opts = {impl: _sgd(m) for impl, m in twins.items()}
+    twins = {name: make(name).double().train() for name in ("stock", impl)}
+    twins[impl].load_state_dict(twins["stock"].state_dict())
+    opts = {name: _sgd(m) for name, m in twins.items()}
     worst = 0.0
     for _ in range(GATE_STEPS):
         seen = {}
-        for impl, m in twins.items():
+        for name, m in twins.items():
             logits = m(x)
-            opts[impl].zero_grad(set_to_none=True)
+            opts[name].zero_grad(set_to_none=True)
             F.cross_entropy(logits, y).backward()
-            seen[impl] = [logits.detach(), _flat_grads(m)]
-            opts[impl].step()
-            seen[impl].append(_state(m))
-        worst = max([worst] + [_rel(a, b) for a, b in zip(seen["gemm"], seen["stock"])])
-    evals = {impl: _eval_logits(m, x) for impl, m in twins.items()}
-    worst = max([worst] + [_rel(a, b) for a, b in zip(evals["gemm"], evals["stock"])])
+            seen[name] = [logits.detach(), _flat_grads(m)]
+            opts[name].step()
+            seen[name].append(_state(m))
+        worst = max([worst] + [_rel(a, b) for a, b in zip(seen[impl], seen["stock"])])
+    evals = {name: _eval_logits(m, x) for name, m in twins.items()}
+    worst = max([worst] + [_rel(a, b) for a, b in zip(evals[impl], evals["stock"])])
     return {"rule": f"float64, {GATE_STEPS} SGD steps + both evaluation modes, max relative distance <= {FP64_TOL}",
             "distance": worst, "passed": worst <= FP64_TOL}
 
@@ -156,20 +158,20 @@ def _bf16_pass(model: nn.Module, x: torch.Tensor, y: torch.Tensor, amp: bool) ->
     return [logits.detach().float(), _flat_grads(model)]
 
 
-def gate_bf16(make: Callable[[str], nn.Module], shape: tuple, classes: int) -> dict:
-    """The bf16 gate (module docstring, step 1): distances ``d`` (GEMM, bf16 operands) and ``r``
+def gate_bf16(make: Callable[[str], nn.Module], shape: tuple, classes: int, impl: str = "gemm") -> dict:
+    """The bf16 gate (module docstring, step 1): distances ``d`` (``impl``, bf16 operands) and ``r``
     (stock under bf16 autocast) to the float32 stock model, logits and gradients."""
     g = torch.Generator().manual_seed(0)
     x = torch.randn(GATE_BATCH * 2, *shape, generator=g)
     y = torch.randint(0, classes, (GATE_BATCH * 2,), generator=g)
     stock = make("stock").train()
-    gemm = make("gemm").train()
-    gemm.load_state_dict(stock.state_dict())
+    candidate = make(impl).train()
+    candidate.load_state_dict(stock.state_dict())
     state = copy.deepcopy(stock.state_dict())   # each pass from the same statistics
     ref = _bf16_pass(stock, x, y, amp=False)
     stock.load_state_dict(state)
     r = [_rel(a, b) for a, b in zip(_bf16_pass(stock, x, y, amp=True), ref)]
-    d = [_rel(a, b) for a, b in zip(_bf16_pass(gemm, x, y, amp=True), ref)]
+    d = [_rel(a, b) for a, b in zip(_bf16_pass(candidate, x, y, amp=True), ref)]
     bound = [K * max(ri, FLOOR) for ri in r]
     return {"rule": f"bf16: distance to float32 stock (logits, gradient) <= {K} x stock bf16 autocast's",
             "distance": d, "reference_distance": r, "bound": bound,
@@ -185,15 +187,16 @@ def _step(model: nn.Module, opt: torch.optim.Optimizer, x, y, amp: bool) -> None
 
 
 def time_steps(make: Callable[[str], nn.Module], shape: tuple, classes: int, batch: int,
-               precision: str, reps: int | None = None) -> dict[str, float]:
-    """Median ms per training step of each path, interleaved (module docstring, step 2);
-    ``reps`` timed steps each (default :data:`REPS`)."""
+               precision: str, reps: int | None = None,
+               impls: tuple[str, ...] = ("stock", *CANDIDATES)) -> dict[str, float]:
+    """Median ms per training step of each path in ``impls``, interleaved (module docstring, step
+    2); ``reps`` timed steps each (default :data:`REPS`)."""
     reps = REPS if reps is None else reps
     g = torch.Generator().manual_seed(1)
     x = torch.randn(batch, *shape, generator=g).contiguous(memory_format=torch.channels_last)
     y = torch.randint(0, classes, (batch,), generator=g)
     runs = {}
-    for impl in ("stock", "gemm"):
+    for impl in impls:
         model = make(impl).train()
         runs[impl] = (model, _sgd(model))
     amp = precision == "bf16"
@@ -212,17 +215,18 @@ def choose(make: Callable[[str], nn.Module], shape: tuple, classes: int, batch: 
     record: dict = {"impl": "stock", "precision": precision}
     start = time.perf_counter()
     try:
-        gate = (gate_bf16 if precision == "bf16" else gate_fp32)(make, shape, classes)
-        record["gate"] = gate
-        if not gate["passed"]:
-            record["why"] = "the GEMM path failed the gate: stock"
+        gate = gate_bf16 if precision == "bf16" else gate_fp32
+        record["gate"] = {impl: gate(make, shape, classes, impl) for impl in CANDIDATES}
+        passed = tuple(impl for impl in CANDIDATES if record["gate"][impl]["passed"])
+        if not passed:
+            record["why"] = f"{' and '.join(CANDIDATES)} failed the gate: stock"
             return record
-        ms = time_steps(make, shape, classes, batch, precision)
+        ms = time_steps(make, shape, classes, batch, precision, impls=("stock", *passed))
         record["ms_per_step"] = ms
-        faster = ms["gemm"] < ms["stock"]
-        record["impl"] = "gemm" if faster else "stock"
-        record["why"] = (f"gate passed; {'gemm' if faster else 'stock'} faster "
-                         f"({ms['gemm']:.0f} vs {ms['stock']:.0f} ms per step)")
+        record["impl"] = min(ms, key=ms.get)
+        times = ", ".join(f"{impl} {t:.0f}" for impl, t in ms.items())
+        failed = "".join(f"; {impl} failed the gate" for impl in CANDIDATES if impl not in passed)
+        record["why"] = f"{record['impl']} fastest of those that passed the gate ({times} ms per step){failed}"
     except Exception as err:   # any failure falls back to the stock path, with its reason
         record.update(impl="stock", why=f"fell back to stock: {type(err).__name__}: {err}",
                       traceback=traceback.format_exc(limit=3))

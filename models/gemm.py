@@ -45,6 +45,18 @@ dropped taps multiplied exact zeros, so nothing changes but rounding order; thei
 is exactly zero, as in ``F.conv2d`` (so weight decay, applied by the optimizer to the whole
 weight, moves them exactly as it would there).
 
+The direct kernel beside the GEMMs (``direct_from``, a lone run on the CPU: ``model.conv_impl=mixed``,
+:class:`models.gemm_resnet.GemmResNet`). The GEMMs win where maps are small: at 2x2 and 1x1 most
+taps meet padding (dropped here, computed by oneDNN) and oneDNN's backward is slow there (one
+32 px convolution of layer3, 256 channels at 2x2, batch 64, one Xeon core: forward + both
+gradients 18.3 ms direct, 7.6 ms as GEMMs). On larger maps oneDNN's direct kernel needs no
+im2col copy and no scatter-add backward and wins (layer1, 64 channels at 8x8: 6.0 vs 9.0 ms).
+So a lone run may compute each convolution whose output has at least ``direct_from`` positions
+per image with ``F.conv2d`` on the same channels-last memory (a view both ways: no copy of
+activations, weights or gradients) and the rest as GEMMs. Same math (float64: equal to
+torchvision's to summation order); the split is a function of shapes only, so a run keeps it on
+every machine.
+
 BatchNorm in training mode uses each run's batch statistics and updates its running statistics
 in place with torch's formula (``momentum * batch + (1 - momentum) * running``, the unbiased
 variance for ``running_var``, ``num_batches_tracked += 1``; ``momentum=None``: the cumulative
@@ -78,7 +90,7 @@ import torch.nn.functional as F
 
 from lpmetrics.models.gemm_plan import Block, Conv, GemmPlanError, Norm, Plan, plan
 
-__all__ = ["Block", "Conv", "GemmPlanError", "Norm", "Plan", "batch_norm", "bmm", "conv", "forward",
+__all__ = ["Block", "Conv", "GemmPlanError", "Norm", "Plan", "batch_norm", "bmm", "conv", "direct", "forward",
            "gemm", "im2col", "max_pool", "plan", "taps"]
 
 
@@ -226,14 +238,43 @@ class _KeptTaps(torch.autograd.Function):
         return full, None, None, None, None
 
 
-def conv(h: torch.Tensor, weight: torch.Tensor, spec: Conv, operands: str | None = None) -> torch.Tensor:
+def _bf16_conv_operands() -> _Flag:
+    """oneDNN's bf16 math mode for float32 CPU convolutions (the direct kernel's counterpart of
+    :func:`_bf16_operands`)."""
+    def put(precision):
+        torch.backends.mkldnn.conv.fp32_precision = precision
+    return _Flag(lambda: torch.backends.mkldnn.conv.fp32_precision, put, "bf16")
+
+
+def direct(h: torch.Tensor, weight: torch.Tensor, spec: Conv, operands: str | None = None) -> torch.Tensor:
+    """The same convolution as :func:`conv` for a lone run on the CPU, by torch's direct kernel
+    (``F.conv2d``: oneDNN in float32) on the channels-last view of ``h [1, B, H, W, C_in]``;
+    ``[1, B, H_o, W_o, C_out]``. ``operands="bf16"``: oneDNN's bf16 math mode for convolutions,
+    scoped like :func:`gemm`'s."""
+    if h.shape[0] != 1 or h.is_cuda:
+        raise ValueError(f"the direct kernel computes a lone run on the CPU; got {h.shape[0]} run(s) "
+                         f"on {h.device}")
+    if operands not in OPERANDS:
+        raise ValueError(f"operands must be one of {OPERANDS}; got {operands!r}")
+    x = h.squeeze(0).permute(0, 3, 1, 2)                 # NCHW view of channels-last memory
+    flag = _bf16_conv_operands() if operands == "bf16" and h.dtype == torch.float32 else None
+    y = _scoped(lambda: F.conv2d(x, weight.squeeze(0), stride=spec.stride, padding=spec.padding), flag)
+    return y.contiguous(memory_format=torch.channels_last).permute(0, 2, 3, 1).unsqueeze(0)
+
+
+def conv(h: torch.Tensor, weight: torch.Tensor, spec: Conv, operands: str | None = None,
+         direct_from: int | None = None) -> torch.Tensor:
     """``h [N, B, H, W, C_in]`` (any strides) convolved per run with ``weight [N, C_out, C_in, k_h,
     k_w]``: im2col of the taps that meet pixels, then one GEMM (:func:`gemm`, ``operands`` its
-    precision); ``[N, B, H_o, W_o, C_out]``."""
+    precision); ``[N, B, H_o, W_o, C_out]``. ``direct_from``: a lone run's convolutions whose output
+    has at least this many positions per image run by the direct kernel instead (:func:`direct`;
+    the module docstring)."""
     n, b, height, width, cin = h.shape
     cout, kh, kw = weight.shape[1], weight.shape[3], weight.shape[4]
     r0, rk, top, bottom, ho = taps(height, kh, spec.stride[0], spec.padding[0])
     c0, ck, left, right, wo = taps(width, kw, spec.stride[1], spec.padding[1])
+    if direct_from is not None and ho * wo >= direct_from:
+        return direct(h, weight, spec, operands)
     if top or bottom or left or right:
         h = F.pad(h, (0, 0, left, right, top, bottom))
     a = im2col(h, rk, ck, spec.stride, ho, wo)                                       # [N, M, K]
@@ -295,18 +336,20 @@ def max_pool(h: torch.Tensor, pool: dict) -> torch.Tensor:
 
 
 def forward(plan_: Plan, params: dict, buffers: dict, x: torch.Tensor,
-            training: bool | Mapping[str, bool], operands: str | None = None) -> torch.Tensor:
+            training: bool | Mapping[str, bool], operands: str | None = None,
+            direct_from: int | None = None) -> torch.Tensor:
     """Logits ``[N, B, K]`` of the N runs stored in ``params`` / ``buffers`` (stacked ``[N, ...]``,
     keyed by the model's ``state_dict`` names) on ``x [N, B, C, H, W]``. ``training``: one mode
     for every BatchNorm, or each BatchNorm's by its prefix (``{"bn1": True, ...}``); one in
     training mode updates its runs' running statistics in place. ``operands``: the convolution
-    GEMMs' precision (:func:`gemm`)."""
+    GEMMs' precision (:func:`gemm`); ``direct_from``: a lone run's convolutions with at least this
+    many output positions per image run by the direct kernel (:func:`conv`)."""
     if x.dim() != 5:
         raise ValueError(f"mode='gemm' takes images [N, B, C, H, W]; got {tuple(x.shape)}")
 
     def cbn(h, c: Conv, bn: Norm):
         mode = training if isinstance(training, bool) else training[bn.prefix]
-        return batch_norm(conv(h, params[c.weight], c, operands), params, buffers, bn, mode)
+        return batch_norm(conv(h, params[c.weight], c, operands, direct_from), params, buffers, bn, mode)
 
     h = torch.relu(cbn(x.permute(0, 1, 3, 4, 2), plan_.stem, plan_.stem_bn))   # run-major NHWC view
     if plan_.pool is not None:

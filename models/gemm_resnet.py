@@ -1,4 +1,5 @@
-r"""torchvision's ResNet with its convolutions as GEMMs: :class:`GemmResNet` (``model.conv_impl=gemm``).
+r"""torchvision's ResNet with its convolutions as GEMMs: :class:`GemmResNet` (``model.conv_impl=gemm``;
+``mixed``: the small maps' convolutions as GEMMs, the large maps' by oneDNN's direct kernel).
 
 A lone run is a pack of one: the forward is :func:`models.gemm.forward` on the model's own
 parameters and buffers viewed as ``[1, ...]`` stacks, the code a GEMM pack runs (He et al.
@@ -31,6 +32,13 @@ from torchvision.models.resnet import ResNet
 from lpmetrics.models import gemm
 
 
+#: ``model.conv_impl=mixed``: convolutions whose output has at least this many positions per image
+#: run by oneDNN's direct kernel, the rest as GEMMs (:func:`models.gemm.conv`). At 32 px (ImageNet
+#: stem) that is the stem and layers 1-2; at 50 px the stem and layers 1-3. Measured on one Xeon
+#: core (``results/cpu_step/``): the 32 px fp32 training step with the stem and layers 1-2 direct
+#: was 0.62-0.65x stock's where the all-GEMM step was 0.84-0.91x in the same runs
+MIXED_DIRECT_FROM = 16
+
 #: images per GEMM forward when evaluating with running statistics (no grad): a 512-image batch's
 #: im2col (77 MB at the 32 px stem) would stream through memory; 64 (the training batch) stays in cache
 EVAL_CHUNK = 64
@@ -47,8 +55,9 @@ class GemmResNet(ResNet):
     Call :meth:`channels_last` after changing a convolution (the stem); the plan is read from the
     modules at the first forward."""
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args, direct_from: int | None = None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        self.direct_from = direct_from   # convolutions with >= this many output positions: direct kernel
         self._gemm_plan: gemm.Plan | None = None
         self.channels_last()
 
@@ -78,7 +87,8 @@ class GemmResNet(ResNet):
         params = {k: v.unsqueeze(0) for k, v in self.named_parameters()}
         buffers = {k: v.unsqueeze(0) for k, v in self.named_buffers()}
         if not _bf16_autocast(x):
-            return gemm.forward(self._gemm_plan, params, buffers, x.unsqueeze(0), modes).squeeze(0)
-        with torch.autocast("cpu", enabled=False):   # bf16 operands in the GEMMs only
+            return gemm.forward(self._gemm_plan, params, buffers, x.unsqueeze(0), modes,
+                                direct_from=self.direct_from).squeeze(0)
+        with torch.autocast("cpu", enabled=False):   # bf16 operands in the convolutions only
             return gemm.forward(self._gemm_plan, params, buffers, x.float().unsqueeze(0), modes,
-                                operands="bf16").squeeze(0)
+                                operands="bf16", direct_from=self.direct_from).squeeze(0)

@@ -6,12 +6,12 @@ from collections.abc import Sequence
 from torch import nn
 from torchvision.models.resnet import BasicBlock, ResNet
 
-from lpmetrics.models.gemm_resnet import GemmResNet
+from lpmetrics.models.gemm_resnet import MIXED_DIRECT_FROM, GemmResNet
 
 #: ``model.conv_impl`` values: ``auto`` is the machine's choice, made by
 #: :func:`run.builders.build_model` (it needs the run's device, batch and precision); a model
 #: built from the config without it (a script's direct ``instantiate``) is ``stock``, as before
-CONV_IMPLS = ("stock", "gemm", "auto")
+CONV_IMPLS = ("stock", "gemm", "mixed", "auto")
 
 
 def resnet18(num_classes: int, input_shape: Sequence[int], cifar_stem: bool = False,
@@ -23,8 +23,9 @@ def resnet18(num_classes: int, input_shape: Sequence[int], cifar_stem: bool = Fa
     usual variant for small images (more accurate, ~16x more compute on 32x32).
     ``conv_impl``: ``stock`` = torchvision's modules; ``gemm`` = the same network (same modules,
     names, shapes and initial weights) with its convolutions computed as GEMMs
-    (:class:`models.gemm_resnet.GemmResNet`, the CPU's fast path); ``auto`` here = ``stock``
-    (:data:`CONV_IMPLS`).
+    (:class:`models.gemm_resnet.GemmResNet`); ``mixed`` = the same with the convolutions of the
+    larger maps by oneDNN's direct kernel (:data:`~models.gemm_resnet.MIXED_DIRECT_FROM`; the
+    CPU's fast path); ``auto`` here = ``stock`` (:data:`CONV_IMPLS`).
     """
     if len(input_shape) != 3:
         raise ValueError(f"resnet18 needs image input [C, H, W], got input_shape={list(input_shape)}; "
@@ -32,7 +33,11 @@ def resnet18(num_classes: int, input_shape: Sequence[int], cifar_stem: bool = Fa
     if conv_impl not in CONV_IMPLS:
         raise ValueError(f"conv_impl={conv_impl!r} must be one of {CONV_IMPLS} (model.conv_impl)")
     # torchvision's resnet18(weights=None, num_classes=K) is exactly this call (same init draws)
-    net = (GemmResNet if conv_impl == "gemm" else ResNet)(BasicBlock, [2, 2, 2, 2], num_classes=num_classes)
+    if conv_impl in ("gemm", "mixed"):
+        net = GemmResNet(BasicBlock, [2, 2, 2, 2], num_classes=num_classes,
+                         direct_from=MIXED_DIRECT_FROM if conv_impl == "mixed" else None)
+    else:
+        net = ResNet(BasicBlock, [2, 2, 2, 2], num_classes=num_classes)
     channels = int(input_shape[0])
     if cifar_stem:
         net.conv1 = nn.Conv2d(channels, 64, kernel_size=3, stride=1, padding=1, bias=False)

@@ -9,7 +9,7 @@ Each failure is a :class:`ConfigError` whose message names the key, the value an
 * ``trainer.max_steps``, ``eval_every``, ``batch_size``, ``eval_batch_size``, ``log_every`` are
   integers >= 1 (0 used to fail late with ``IndexError`` / ``ZeroDivisionError``);
   ``trainer.max_grad_norm`` is null or finite > 0; ``trainer.eval_bn`` is eval or train; ``trainer.precision`` fp32 or bf16;
-  ``model.conv_impl`` (where the model has it) stock, gemm or auto;
+  ``model.conv_impl`` (where the model has it) stock, gemm, mixed or auto;
   ``trainer.checkpoints`` and ``trainer.trust_checkpoint`` booleans;
   ``trainer.init_from`` names an existing file; ``optimizer.lr`` is finite and >= 0;
 * ``seed`` is an integer; ``resume`` is false, true or force; ``dataset.task`` is binary or
@@ -36,6 +36,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from lpmetrics.data.build import KEYS as DATASET_KEYS
 from lpmetrics.errors import ConfigError
+from lpmetrics.models.resnet import CONV_IMPLS
 from lpmetrics.run.builders import resolve_device
 from lpmetrics.run.schedule import StageDecayLR
 
@@ -43,7 +44,6 @@ TASKS = ("binary", "multiclass")
 RESUME_VALUES = (False, True, "force")
 POSITIVE_INTS = ("max_steps", "eval_every", "batch_size", "eval_batch_size", "log_every")
 PRECISIONS = ("fp32", "bf16")
-CONV_IMPLS = ("stock", "gemm", "auto")
 #: The config keys the run layer reads, by group ("" = top level), each set in configs/ (config.yaml
 #: or every file of the group) and read without a fallback; image datasets also read
 #: ``dataset.crop_padding`` (:data:`lpmetrics.data.build.IMAGE_KEYS`). The components a config
@@ -171,8 +171,9 @@ def static_problems(cfg: DictConfig) -> list[str]:
     conv_impl = OmegaConf.select(cfg, "model.conv_impl")
     if conv_impl is not None and conv_impl not in CONV_IMPLS:
         problems.append(f"model.conv_impl={conv_impl!r} must be one of {', '.join(CONV_IMPLS)} (stock: "
-                        "torchvision's convolutions; gemm: the same network as GEMMs; auto: this "
-                        "machine's choice, gated and timed)")
+                        "torchvision's convolutions; gemm: the same network as GEMMs; mixed: GEMMs on the "
+                        "small maps, oneDNN's direct kernel on the large; auto: this machine's "
+                        "choice, gated and timed)")
     if not isinstance(trainer.checkpoints, bool):
         problems.append(f"trainer.checkpoints={trainer.checkpoints!r} must be true or false")
     if not isinstance(trainer.trust_checkpoint, bool):

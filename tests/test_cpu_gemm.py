@@ -1,5 +1,6 @@
-"""``model.conv_impl=gemm`` (:class:`models.gemm_resnet.GemmResNet`): the same ResNet-18 as
-torchvision's, its convolutions as GEMMs.
+"""``model.conv_impl=gemm`` and ``mixed`` (:class:`models.gemm_resnet.GemmResNet`): the same
+ResNet-18 as torchvision's, its convolutions as GEMMs (``mixed``: those of the large maps by
+oneDNN's direct kernel).
 
 The oracle is torchvision's model itself, in float64 on the CPU, from the same initial weights:
 logits, every parameter gradient, the BatchNorm running statistics and the parameters over two
@@ -25,11 +26,11 @@ from lpmetrics.models.resnet import resnet18
 TOL = 1e-10
 
 
-def twins(px: int, classes: int = 2, cifar_stem: bool = False):
+def twins(px: int, classes: int = 2, cifar_stem: bool = False, impl: str = "gemm"):
     torch.manual_seed(0)
     stock = resnet18(classes, [3, px, px], cifar_stem=cifar_stem)
     torch.manual_seed(0)
-    gemm = resnet18(classes, [3, px, px], cifar_stem=cifar_stem, conv_impl="gemm")
+    gemm = resnet18(classes, [3, px, px], cifar_stem=cifar_stem, conv_impl=impl)
     return stock, gemm
 
 
@@ -49,9 +50,10 @@ def test_same_initial_weights_as_torchvision_and_same_state_dict():
         assert all(got[k].shape == v.shape and torch.equal(got[k], v) for k, v in ref.items())
 
 
+@pytest.mark.parametrize("impl", ["gemm", "mixed"])
 @pytest.mark.parametrize("px", [32, 50])
-def test_float64_steps_equal_torchvision(px, float64_default):
-    stock, gemm = (m.double().train() for m in twins(px))
+def test_float64_steps_equal_torchvision(px, impl, float64_default):
+    stock, gemm = (m.double().train() for m in twins(px, impl=impl))
     g = torch.Generator().manual_seed(px)
     x = torch.randn(4, 3, px, px, generator=g, dtype=torch.float64)
     y = torch.tensor([0, 1, 1, 0])
@@ -73,8 +75,9 @@ def test_float64_steps_equal_torchvision(px, float64_default):
         assert rel(b, a) < TOL, mode
 
 
-def test_cifar_stem_and_cumulative_bn_momentum_equal_torchvision(float64_default):
-    stock, gemm = (m.double().train() for m in twins(16, classes=3, cifar_stem=True))
+@pytest.mark.parametrize("impl", ["gemm", "mixed"])
+def test_cifar_stem_and_cumulative_bn_momentum_equal_torchvision(impl, float64_default):
+    stock, gemm = (m.double().train() for m in twins(16, classes=3, cifar_stem=True, impl=impl))
     for m in (stock, gemm):
         for bn in m.modules():
             if isinstance(bn, nn.BatchNorm2d):
@@ -86,16 +89,50 @@ def test_cifar_stem_and_cumulative_bn_momentum_equal_torchvision(float64_default
         assert rel(b.double(), a.double()) < TOL, name
 
 
-def test_bf16_gate_passes_and_logits_stay_float32():
+@pytest.mark.parametrize("impl", ["gemm", "mixed"])
+def test_bf16_gate_passes_and_logits_stay_float32(impl):
     make = lambda impl: resnet18(2, [3, 32, 32], conv_impl=impl)   # noqa: E731
-    gate = conv_select.gate_bf16(make, (3, 32, 32), 2)
+    gate = conv_select.gate_bf16(make, (3, 32, 32), 2, impl)
     assert gate["passed"], gate
     assert all(0 < d for d in gate["distance"])   # bf16 really ran: not the float32 model
-    _, gemm = twins(32)
+    _, gemm = twins(32, impl=impl)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = gemm(torch.randn(2, 3, 32, 32))
     assert out.dtype == torch.float32
     assert torch.backends.mkldnn.matmul.fp32_precision != "bf16"   # restored after the GEMMs
+    assert torch.backends.mkldnn.conv.fp32_precision != "bf16"     # and after the direct kernels
+
+
+@pytest.mark.parametrize("px, direct", [
+    (32, ["conv1", "layer1", "layer2"]),             # outputs 16x16, 8x8, 4x4; layers 3-4 at 2x2, 1x1
+    (50, ["conv1", "layer1", "layer2", "layer3"]),   # 25x25, 13x13, 7x7, 4x4; layer4 at 2x2
+])
+def test_mixed_runs_the_large_maps_direct_and_the_small_as_gemms(px, direct):
+    """The split is by output size only (``MIXED_DIRECT_FROM`` positions per image), so it is the
+    same on every machine: F.conv2d for the stem and the named layers, GEMMs for the rest."""
+    called = []
+
+    class Watch(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if func is F.conv2d:
+                called.append(tuple(args[1].shape))
+            return func(*args, **(kwargs or {}))
+
+    _, mixed = twins(px, impl="mixed")
+    with Watch():
+        mixed(torch.randn(2, 3, px, px))
+    want = [tuple(m.weight.shape) for name, m in mixed.named_modules()
+            if isinstance(m, nn.Conv2d) and name.split(".")[0] in direct]
+    assert called == want and len(want) < 20   # ResNet-18 has 20 convolutions: some stay GEMMs
+
+
+def test_the_direct_kernel_is_for_a_lone_run_on_the_cpu():
+    from lpmetrics.models import gemm
+    spec = gemm.Conv("w", (1, 1), (1, 1))
+    with pytest.raises(ValueError, match="lone run"):
+        gemm.direct(torch.randn(2, 1, 4, 4, 3), torch.randn(2, 5, 3, 3, 3), spec)
+    with pytest.raises(ValueError, match="operands"):
+        gemm.direct(torch.randn(1, 1, 4, 4, 3), torch.randn(1, 5, 3, 3, 3), spec, operands="fp16")
 
 
 def test_bf16_operands_are_scoped_to_the_convolution_gemms():

@@ -5,8 +5,9 @@ thread) writes ``results/cpu_step/bench.json`` and prints the markdown table of
 ``results/cpu_step/README.md``. Forms (``model.conv_impl`` x ``trainer.precision``): ``stock``
 (torchvision, oneDNN's convolutions, fp32), ``stock-bf16`` (the same under bf16 autocast, what
 ``trainer.precision=bf16`` did before the GEMM path), ``gemm`` (fp32), ``gemm-bf16`` (bf16 GEMM
-operands, float32 everything else) and, for reference only (no run option), ``gemm-bf16act`` (bf16
-activations too). Per image size:
+operands, float32 everything else), ``mixed`` and ``mixed-bf16`` (the large maps' convolutions by
+oneDNN's direct kernel, the small maps' as GEMMs; bf16: bf16 operands in both) and, for reference
+only (no run option), ``gemm-bf16act`` (bf16 activations too). Per image size:
 
 * a training step as ``train.py`` takes it (forward, cross-entropy, backward, SGD with momentum
   0.9 and no weight decay, the paper's regime) on one fixed channels-last batch, the forms
@@ -50,7 +51,8 @@ from lpmetrics.models.resnet import resnet18
 from scripts.cpu import quiet
 
 FORMS = {"stock": ("stock", False), "stock-bf16": ("stock", True), "gemm": ("gemm", False),
-         "gemm-bf16": ("gemm", True), "gemm-bf16act": ("gemm", True)}
+         "gemm-bf16": ("gemm", True), "gemm-bf16act": ("gemm", True), "mixed": ("mixed", False),
+         "mixed-bf16": ("mixed", True)}
 #: a reference form, not a run option: bf16 activations too (autocast straight through the GEMM
 #: code, as a bf16 GEMM pack runs: bf16 GEMM outputs, BatchNorm in float32, cast back to bf16)
 BF16_ACTIVATIONS = ("gemm-bf16act",)
@@ -116,7 +118,7 @@ def interleaved(fns: dict, rounds: int) -> dict[str, float]:
     return {k: statistics.median(v) for k, v in times.items()}
 
 
-#: the operators doing the network's multiply-adds: the GEMM forms' GEMMs, stock's oneDNN convolutions
+#: the operators doing the network's multiply-adds: the GEMMs, the oneDNN convolutions (stock's, mixed's)
 ARITHMETIC_OPS = ("aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm", "aten::matmul",
                   "aten::mkldnn_convolution", "aten::convolution_backward")
 

@@ -218,7 +218,7 @@ PLAIN_CONV = (None, "stock", "auto")
 
 def _step_record(res: dict, cfg: dict) -> tuple[str | None, str | None]:
     """(convolutions, precision) of a run's step from its results.json ``conv`` record (what
-    ``model.conv_impl`` resolved to: ``impl`` stock or gemm, and its ``precision``), else the
+    ``model.conv_impl`` resolved to: ``impl`` stock, gemm or mixed, and its ``precision``), else the
     config's ``model.conv_impl`` (a run made before the record)."""
     rec = res.get("conv")
     if isinstance(rec, dict):
