@@ -45,15 +45,17 @@ dropped taps multiplied exact zeros, so nothing changes but rounding order; thei
 is exactly zero, as in ``F.conv2d`` (so weight decay, applied by the optimizer to the whole
 weight, moves them exactly as it would there).
 
-The direct kernel beside the GEMMs (``direct_from``, a lone run on the CPU: ``model.conv_impl=mixed``,
-:class:`models.gemm_resnet.GemmResNet`). The GEMMs win where maps are small: at 2x2 and 1x1 most
-taps meet padding (dropped here, computed by oneDNN) and oneDNN's backward is slow there (one
-32 px convolution of layer3, 256 channels at 2x2, batch 64, one Xeon core: forward + both
-gradients 18.3 ms direct, 7.6 ms as GEMMs). On larger maps oneDNN's direct kernel needs no
-im2col copy and no scatter-add backward and wins (layer1, 64 channels at 8x8: 6.0 vs 9.0 ms).
-So a lone run may compute each convolution whose output has at least ``direct_from`` positions
-per image with ``F.conv2d`` on the same channels-last memory (a view both ways: no copy of
-activations, weights or gradients) and the rest as GEMMs. Same math (float64: equal to
+The direct kernel beside the GEMMs (``direct_ratio``, a lone run on the CPU: ``model.conv_impl=mixed``,
+:class:`models.gemm_resnet.GemmResNet`). The GEMMs win where maps are small for their width: at
+2x2 and 1x1 most taps meet padding (dropped here, computed by oneDNN) and oneDNN's backward is
+slow there (``python -m scripts.cpu.bench_layers``: at 32 px, batch 64, one Xeon core, layer3's
+256-channel 2x2 convolution took 22.3 ms forward + backward direct, 10.6 ms as GEMMs). Where the
+map is large for its width oneDNN's direct kernel needs no im2col copy and no scatter-add
+backward and wins (layer1, 64 channels at 8x8: 8.0 vs 16.3 ms). A 1x1 convolution has no im2col
+to save, and its GEMM won at every size measured. So a lone run may compute each convolution of
+more than one tap whose output has at least ``direct_ratio`` positions per image per output
+channel with ``F.conv2d`` on the same channels-last memory (a view both ways: no copy of
+activations, weights or gradients), and the rest as GEMMs. Same math (float64: equal to
 torchvision's to summation order); the split is a function of shapes only, so a run keeps it on
 every machine.
 
@@ -263,17 +265,17 @@ def direct(h: torch.Tensor, weight: torch.Tensor, spec: Conv, operands: str | No
 
 
 def conv(h: torch.Tensor, weight: torch.Tensor, spec: Conv, operands: str | None = None,
-         direct_from: int | None = None) -> torch.Tensor:
+         direct_ratio: float | None = None) -> torch.Tensor:
     """``h [N, B, H, W, C_in]`` (any strides) convolved per run with ``weight [N, C_out, C_in, k_h,
     k_w]``: im2col of the taps that meet pixels, then one GEMM (:func:`gemm`, ``operands`` its
-    precision); ``[N, B, H_o, W_o, C_out]``. ``direct_from``: a lone run's convolutions whose output
-    has at least this many positions per image run by the direct kernel instead (:func:`direct`;
-    the module docstring)."""
+    precision); ``[N, B, H_o, W_o, C_out]``. ``direct_ratio``: a lone run's convolutions of more than
+    one tap whose output has at least this many positions per image per output channel run by the
+    direct kernel instead (:func:`direct`; the module docstring)."""
     n, b, height, width, cin = h.shape
     cout, kh, kw = weight.shape[1], weight.shape[3], weight.shape[4]
     r0, rk, top, bottom, ho = taps(height, kh, spec.stride[0], spec.padding[0])
     c0, ck, left, right, wo = taps(width, kw, spec.stride[1], spec.padding[1])
-    if direct_from is not None and ho * wo >= direct_from:
+    if direct_ratio is not None and kh * kw > 1 and ho * wo >= direct_ratio * cout:
         return direct(h, weight, spec, operands)
     if top or bottom or left or right:
         h = F.pad(h, (0, 0, left, right, top, bottom))
@@ -337,19 +339,19 @@ def max_pool(h: torch.Tensor, pool: dict) -> torch.Tensor:
 
 def forward(plan_: Plan, params: dict, buffers: dict, x: torch.Tensor,
             training: bool | Mapping[str, bool], operands: str | None = None,
-            direct_from: int | None = None) -> torch.Tensor:
+            direct_ratio: float | None = None) -> torch.Tensor:
     """Logits ``[N, B, K]`` of the N runs stored in ``params`` / ``buffers`` (stacked ``[N, ...]``,
     keyed by the model's ``state_dict`` names) on ``x [N, B, C, H, W]``. ``training``: one mode
     for every BatchNorm, or each BatchNorm's by its prefix (``{"bn1": True, ...}``); one in
     training mode updates its runs' running statistics in place. ``operands``: the convolution
-    GEMMs' precision (:func:`gemm`); ``direct_from``: a lone run's convolutions with at least this
-    many output positions per image run by the direct kernel (:func:`conv`)."""
+    GEMMs' precision (:func:`gemm`); ``direct_ratio``: which of a lone run's convolutions run by the
+    direct kernel (:func:`conv`)."""
     if x.dim() != 5:
         raise ValueError(f"mode='gemm' takes images [N, B, C, H, W]; got {tuple(x.shape)}")
 
     def cbn(h, c: Conv, bn: Norm):
         mode = training if isinstance(training, bool) else training[bn.prefix]
-        return batch_norm(conv(h, params[c.weight], c, operands, direct_from), params, buffers, bn, mode)
+        return batch_norm(conv(h, params[c.weight], c, operands, direct_ratio), params, buffers, bn, mode)
 
     h = torch.relu(cbn(x.permute(0, 1, 3, 4, 2), plan_.stem, plan_.stem_bn))   # run-major NHWC view
     if plan_.pool is not None:

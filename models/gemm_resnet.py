@@ -32,12 +32,14 @@ from torchvision.models.resnet import ResNet
 from lpmetrics.models import gemm
 
 
-#: ``model.conv_impl=mixed``: convolutions whose output has at least this many positions per image
-#: run by oneDNN's direct kernel, the rest as GEMMs (:func:`models.gemm.conv`). At 32 px (ImageNet
-#: stem) that is the stem and layers 1-2; at 50 px the stem and layers 1-3. Measured on one Xeon
-#: core (``results/cpu_step/``): the 32 px fp32 training step with the stem and layers 1-2 direct
-#: was 0.62-0.65x stock's where the all-GEMM step was 0.84-0.91x in the same runs
-MIXED_DIRECT_FROM = 16
+#: ``model.conv_impl=mixed``: convolutions of more than one tap whose output has at least this many
+#: positions per image per output channel (one per 8 channels) run by oneDNN's direct kernel, the
+#: rest as GEMMs (:func:`models.gemm.conv`). With the ImageNet stem: the stem and layers 1-2's
+#: 3x3 convolutions at 32 and 50 px, layer 3's too at 96 px. Per convolution on one Xeon core
+#: (``python -m scripts.cpu.bench_layers --px 32 / 50 / 96``) this split matched the faster way for
+#: every convolution at the three sizes; the 32 px fp32 training step with it was 0.53x and 0.60x
+#: stock's where the all-GEMM step was 0.73x and 0.84x (``results/cpu_step/``)
+MIXED_DIRECT_RATIO = 1 / 8
 
 #: images per GEMM forward when evaluating with running statistics (no grad): a 512-image batch's
 #: im2col (77 MB at the 32 px stem) would stream through memory; 64 (the training batch) stays in cache
@@ -55,9 +57,9 @@ class GemmResNet(ResNet):
     Call :meth:`channels_last` after changing a convolution (the stem); the plan is read from the
     modules at the first forward."""
 
-    def __init__(self, *args, direct_from: int | None = None, **kwargs) -> None:
+    def __init__(self, *args, direct_ratio: float | None = None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.direct_from = direct_from   # convolutions with >= this many output positions: direct kernel
+        self.direct_ratio = direct_ratio   # which convolutions run by the direct kernel (models.gemm.conv)
         self._gemm_plan: gemm.Plan | None = None
         self.channels_last()
 
@@ -88,7 +90,7 @@ class GemmResNet(ResNet):
         buffers = {k: v.unsqueeze(0) for k, v in self.named_buffers()}
         if not _bf16_autocast(x):
             return gemm.forward(self._gemm_plan, params, buffers, x.unsqueeze(0), modes,
-                                direct_from=self.direct_from).squeeze(0)
+                                direct_ratio=self.direct_ratio).squeeze(0)
         with torch.autocast("cpu", enabled=False):   # bf16 operands in the convolutions only
             return gemm.forward(self._gemm_plan, params, buffers, x.float().unsqueeze(0), modes,
-                                operands="bf16", direct_from=self.direct_from).squeeze(0)
+                                operands="bf16", direct_ratio=self.direct_ratio).squeeze(0)

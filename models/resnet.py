@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from torch import nn
 from torchvision.models.resnet import BasicBlock, ResNet
 
-from lpmetrics.models.gemm_resnet import MIXED_DIRECT_FROM, GemmResNet
+from lpmetrics.models.gemm_resnet import MIXED_DIRECT_RATIO, GemmResNet
 
 #: ``model.conv_impl`` values: ``auto`` is the machine's choice, made by
 #: :func:`run.builders.build_model` (it needs the run's device, batch and precision); a model
@@ -24,7 +24,7 @@ def resnet18(num_classes: int, input_shape: Sequence[int], cifar_stem: bool = Fa
     ``conv_impl``: ``stock`` = torchvision's modules; ``gemm`` = the same network (same modules,
     names, shapes and initial weights) with its convolutions computed as GEMMs
     (:class:`models.gemm_resnet.GemmResNet`); ``mixed`` = the same with the convolutions of the
-    larger maps by oneDNN's direct kernel (:data:`~models.gemm_resnet.MIXED_DIRECT_FROM`; the
+    larger maps by oneDNN's direct kernel (:data:`~models.gemm_resnet.MIXED_DIRECT_RATIO`; the
     CPU's fast path); ``auto`` here = ``stock`` (:data:`CONV_IMPLS`).
     """
     if len(input_shape) != 3:
@@ -35,7 +35,7 @@ def resnet18(num_classes: int, input_shape: Sequence[int], cifar_stem: bool = Fa
     # torchvision's resnet18(weights=None, num_classes=K) is exactly this call (same init draws)
     if conv_impl in ("gemm", "mixed"):
         net = GemmResNet(BasicBlock, [2, 2, 2, 2], num_classes=num_classes,
-                         direct_from=MIXED_DIRECT_FROM if conv_impl == "mixed" else None)
+                         direct_ratio=MIXED_DIRECT_RATIO if conv_impl == "mixed" else None)
     else:
         net = ResNet(BasicBlock, [2, 2, 2, 2], num_classes=num_classes)
     channels = int(input_shape[0])
