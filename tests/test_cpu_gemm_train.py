@@ -42,11 +42,12 @@ def cache(tmp_path, monkeypatch):
     conv_select._MEMO.clear()
 
 
-def test_gemm_run_trains_and_records_its_path(compose_cfg, tmp_path, cache):
-    res = loop.train(compose_cfg([*TINY, "model.conv_impl=gemm"]), tmp_path / "gemm")
-    conv = json.loads((tmp_path / "gemm" / "results.json").read_text())["conv_impl"]
+@pytest.mark.parametrize("impl", ["gemm", "mixed"])
+def test_gemm_run_trains_and_records_its_path(compose_cfg, tmp_path, cache, impl):
+    res = loop.train(compose_cfg([*TINY, f"model.conv_impl={impl}"]), tmp_path / impl)
+    conv = json.loads((tmp_path / impl / "results.json").read_text())["conv_impl"]
     assert conv == res["conv_impl"]
-    assert conv["impl"] == conv["requested"] == "gemm" and conv["precision"] == "fp32"
+    assert conv["impl"] == conv["requested"] == impl and conv["precision"] == "fp32"
     assert {"cpu", "simd_flags", "torch", "threads"} <= set(conv)
     assert np.isfinite(res["final"]["test_auc"]) and "test_bntrain_auc" in res["final"]
     assert not cache.exists()   # an explicit path chooses nothing
