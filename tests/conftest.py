@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
@@ -58,3 +59,22 @@ def float64_default():
     torch.set_default_dtype(torch.float64)
     yield
     torch.set_default_dtype(previous)
+
+
+@pytest.fixture
+def direct_conv_weights():
+    """``run(model, x)``: the weight shapes ``model`` hands to ``F.conv2d`` in one forward of ``x``,
+    in call order (which convolutions a ``model.conv_impl=mixed`` model runs direct)."""
+    def run(model, x):
+        called = []
+
+        class Watch(torch.overrides.TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                if func is F.conv2d:
+                    called.append(tuple(args[1].shape))
+                return func(*args, **(kwargs or {}))
+
+        with Watch():
+            model(x)
+        return called
+    return run

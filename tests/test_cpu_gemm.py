@@ -108,21 +108,12 @@ def test_bf16_gate_passes_and_logits_stay_float32(impl):
     (50, ["conv1", "layer1", "layer2"]),             # 25x25, 13x13, 7x7; layer3 4x4 (256): 16 < 256 / 8
     (96, ["conv1", "layer1", "layer2", "layer3"]),   # layer3 6x6 (256): 36 >= 32; layer4 3x3 (512)
 ])
-def test_mixed_runs_the_large_maps_direct_and_the_small_as_gemms(px, direct):
+def test_mixed_runs_the_large_maps_direct_and_the_small_as_gemms(px, direct, direct_conv_weights):
     """The split is by shape only (more than one tap, ``MIXED_DIRECT_RATIO`` output positions per
     output channel), so it is the same on every machine: F.conv2d for the stem and the named
     layers' 3x3 convolutions, GEMMs for the rest (every 1x1 downsampling among them)."""
-    called = []
-
-    class Watch(torch.overrides.TorchFunctionMode):
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            if func is F.conv2d:
-                called.append(tuple(args[1].shape))
-            return func(*args, **(kwargs or {}))
-
     _, mixed = twins(px, impl="mixed")
-    with Watch():
-        mixed(torch.randn(2, 3, px, px))
+    called = direct_conv_weights(mixed, torch.randn(2, 3, px, px))
     want = [tuple(m.weight.shape) for name, m in mixed.named_modules()
             if isinstance(m, nn.Conv2d) and name.split(".")[0] in direct and m.kernel_size != (1, 1)]
     assert called == want and len(want) < 20   # ResNet-18 has 20 convolutions: some stay GEMMs

@@ -16,7 +16,6 @@ is not the step (``scripts.cpu.bench_step`` times that).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import statistics
 import time
 
@@ -26,6 +25,7 @@ from torch import nn
 from lpmetrics.models import gemm
 from lpmetrics.models.gemm_resnet import MIXED_DIRECT_RATIO
 from lpmetrics.models.resnet import resnet18
+from scripts.cpu import quiet
 
 
 def convolutions(px: int, batch: int) -> list[tuple[str, nn.Conv2d, tuple[int, ...], int]]:
@@ -82,15 +82,10 @@ def main(argv=None) -> int:
     ap.add_argument("--px", type=int, default=32)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=10)
-    ap.add_argument("--pause-lane", action="store_true",
-                    help="stop the CPU lane's trainings for the measurement (scripts.cpu.quiet)")
+    quiet.add_pause_flag(ap)
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
-    pause = contextlib.nullcontext()
-    if args.pause_lane:
-        from scripts.cpu.quiet import paused_lane
-        pause = paused_lane()
-    with pause:
+    with quiet.pause_if(args.pause_lane):
         rows = measure(args.px, args.batch, args.rounds)
     print(f"ResNet-18 at {args.px} px, batch {args.batch}, one thread, median of {args.rounds} (ms):")
     print("| convolution | input C, H, W | out positions | direct fwd | direct bwd | gemm fwd | gemm bwd | faster | rule |")

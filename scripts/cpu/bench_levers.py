@@ -15,7 +15,6 @@ measurements (medians, one thread, the variants interleaved call by call: :func:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import statistics
 
 import torch
@@ -124,13 +123,13 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("levers", nargs="*", metavar="LEVER", help=f"any of {', '.join(LEVERS)} (default: all)")
     ap.add_argument("--rounds", type=int, default=20)
-    ap.add_argument("--pause-lane", action="store_true", help="stop the CPU lane's trainings meanwhile (scripts/cpu/quiet.py)")
+    quiet.add_pause_flag(ap)
     args = ap.parse_args(argv)
     unknown = [x for x in args.levers if x not in LEVERS]
     if unknown:
         ap.error(f"unknown lever(s) {unknown}: choose from {', '.join(LEVERS)}")
     torch.set_num_threads(1)
-    with quiet.paused_lane() if args.pause_lane else contextlib.nullcontext([]):
+    with quiet.pause_if(args.pause_lane):
         for lever in args.levers or LEVERS:
             for line in LEVERS[lever](args.rounds):
                 print(line, flush=True)

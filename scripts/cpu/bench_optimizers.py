@@ -15,7 +15,6 @@ than the run, so no stage end (averaging) is timed.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import statistics
 import time
 
@@ -23,6 +22,7 @@ import torch
 from torchvision.models import resnet18
 
 from lpmetrics.baselines.ppd_optim import PPDAdaGrad, PPDSG
+from scripts.cpu import quiet
 
 OPTIMIZERS = {   # name -> (class, keywords): the campaign's optimizers at their configs' values
     "sgd": (torch.optim.SGD, dict(lr=0.1, momentum=0.9)),
@@ -55,15 +55,10 @@ def measure(rounds: int) -> tuple[dict[str, float], int]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=12)
-    ap.add_argument("--pause-lane", action="store_true",
-                    help="stop the CPU lane's trainings for the measurement (scripts.cpu.quiet)")
+    quiet.add_pause_flag(ap)
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
-    pause = contextlib.nullcontext()
-    if args.pause_lane:
-        from scripts.cpu.quiet import paused_lane
-        pause = paused_lane()
-    with pause:
+    with quiet.pause_if(args.pause_lane):
         ms, weights = measure(args.rounds)
     print(f"ResNet-18 ({weights / 1e6:.1f}M parameters), one thread, median of {args.rounds} steps:")
     for name, t in ms.items():

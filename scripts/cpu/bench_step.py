@@ -33,7 +33,6 @@ is recorded (``os.getloadavg`` before and after) beside the machine (CPU model, 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import statistics
@@ -203,14 +202,12 @@ def main(argv=None) -> None:
     ap.add_argument("--eval-rounds", type=int, default=6)
     ap.add_argument("--note", default="", help="what else ran on the machine (recorded)")
     ap.add_argument("--out", type=Path, default=Path("results/cpu_step/bench.json"))
-    ap.add_argument("--pause-lane", action="store_true",
-                    help="stop the CPU lane's trainings while measuring and continue them after "
-                         "(scripts/cpu/quiet.py): a quiet machine without losing their steps")
+    quiet.add_pause_flag(ap)
     args = ap.parse_args(argv)
     if os.environ.get("OMP_NUM_THREADS") != "1":
         raise SystemExit("run with OMP_NUM_THREADS=1 (the step of one run per core is what is measured)")
     torch.set_num_threads(1)
-    with quiet.paused_lane() if args.pause_lane else contextlib.nullcontext([]) as paused:
+    with quiet.pause_if(args.pause_lane) as paused:
         load_before = os.getloadavg()
         start = time.time()
         sizes = [bench_size(px, args.batch, args.rounds, args.eval_images, args.eval_rounds) for px in args.sizes]

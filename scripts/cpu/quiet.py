@@ -119,6 +119,18 @@ def paused_lane(lane_dir: Path = lane.DEFAULT_LANE_DIR, settle_s: float = SETTLE
         raise _Interrupted(signal.Signals(held[0]).name)
 
 
+def add_pause_flag(ap: argparse.ArgumentParser) -> None:
+    """The benchmarks' ``--pause-lane`` flag (read by :func:`pause_if`)."""
+    ap.add_argument("--pause-lane", action="store_true",
+                    help="stop the CPU lane's trainings while measuring and continue them after "
+                         "(scripts/cpu/quiet.py): a quiet machine without losing their steps")
+
+
+def pause_if(asked: bool) -> contextlib.AbstractContextManager[list[int]]:
+    """:func:`paused_lane` where ``asked``, else a block that pauses nothing (yields ``[]``)."""
+    return paused_lane() if asked else contextlib.nullcontext([])
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lane-dir", type=Path, default=lane.DEFAULT_LANE_DIR)
