@@ -255,7 +255,7 @@ def direct(h: torch.Tensor, weight: torch.Tensor, spec: Conv, operands: str | No
     scoped like :func:`gemm`'s."""
     if h.shape[0] != 1 or h.is_cuda:
         raise ValueError(f"the direct kernel computes a lone run on the CPU; got {h.shape[0]} run(s) "
-                         f"on {h.device}")
+                         f"on {h.device} (model.conv_impl=mixed is a CPU path: on CUDA use stock or auto)")
     if operands not in OPERANDS:
         raise ValueError(f"operands must be one of {OPERANDS}; got {operands!r}")
     x = h.squeeze(0).permute(0, 3, 1, 2)                 # NCHW view of channels-last memory
