@@ -229,7 +229,10 @@ def validate(cfg: DictConfig, bundle=None) -> None:
     """
     problems = static_problems(cfg) if bundle is None else data_problems(cfg, bundle)
     if bundle is None and not problems:
-        resolve_device(cfg.device)
+        device = resolve_device(cfg.device)
+        if OmegaConf.select(cfg, "model.conv_impl") == "mixed" and device.type != "cpu":
+            problems.append(f"model.conv_impl=mixed is a CPU path (oneDNN's direct kernel beside GEMMs); "
+                            f"on {device.type} use stock or auto")
     if problems:
         head = "invalid config: " if len(problems) == 1 else f"invalid config ({len(problems)} problems):\n  - "
         raise ConfigError(head + "\n  - ".join(problems))

@@ -106,9 +106,15 @@ def test_run_folders_evaluate_on_the_other_path(compose_cfg, tmp_path, cache):
         np.testing.assert_allclose(out["gemm"][bn], out["stock"][bn], rtol=1e-3, atol=1e-3)
 
 
-def test_conv_impl_is_validated_and_older_configs_are_stock(compose_cfg):
+def test_conv_impl_is_validated_and_older_configs_are_stock(compose_cfg, monkeypatch):
     with pytest.raises(ConfigError, match="model.conv_impl='fast'"):
         validate(compose_cfg([*TINY, "model.conv_impl=fast"]))
+    validate(compose_cfg([*TINY, "model.conv_impl=mixed"]))   # on the CPU: fine
+    import lpmetrics.run.validate as validate_module
+    monkeypatch.setattr(validate_module, "resolve_device", lambda name: torch.device("cuda"))
+    with pytest.raises(ConfigError, match="mixed is a CPU path.*on cuda use stock or auto"):
+        validate(compose_cfg([*TINY, "model.conv_impl=mixed"]))
+    validate(compose_cfg([*TINY, "model.conv_impl=gemm"]))
     new = OmegaConf.to_container(compose_cfg([*TINY, "model.conv_impl=stock"]), resolve=True)
     old = {**new, "model": {k: v for k, v in new["model"].items() if k != "conv_impl"}}
     assert config_differences(old, new) == {}
