@@ -240,12 +240,20 @@ class _KeptTaps(torch.autograd.Function):
         return full, None, None, None, None
 
 
+def _set_cpu_conv(precision) -> None:
+    torch.backends.mkldnn.conv.fp32_precision = precision
+
+
 def _bf16_conv_operands() -> _Flag:
     """oneDNN's bf16 math mode for float32 CPU convolutions (the direct kernel's counterpart of
     :func:`_bf16_operands`)."""
-    def put(precision):
-        torch.backends.mkldnn.conv.fp32_precision = precision
-    return _Flag(lambda: torch.backends.mkldnn.conv.fp32_precision, put, "bf16")
+    return _Flag(lambda: torch.backends.mkldnn.conv.fp32_precision, _set_cpu_conv, "bf16")
+
+
+def runs_direct(taps: int, positions: int, cout: int, direct_ratio: float | None) -> bool:
+    """Whether a lone run's convolution of ``taps`` taps, ``positions`` output positions per image
+    and ``cout`` output channels runs by the direct kernel (module docstring; ``None``: never)."""
+    return direct_ratio is not None and taps > 1 and positions >= direct_ratio * cout
 
 
 def direct(h: torch.Tensor, weight: torch.Tensor, spec: Conv, operands: str | None = None) -> torch.Tensor:
@@ -275,7 +283,7 @@ def conv(h: torch.Tensor, weight: torch.Tensor, spec: Conv, operands: str | None
     cout, kh, kw = weight.shape[1], weight.shape[3], weight.shape[4]
     r0, rk, top, bottom, ho = taps(height, kh, spec.stride[0], spec.padding[0])
     c0, ck, left, right, wo = taps(width, kw, spec.stride[1], spec.padding[1])
-    if direct_ratio is not None and kh * kw > 1 and ho * wo >= direct_ratio * cout:
+    if runs_direct(kh * kw, ho * wo, cout, direct_ratio):
         return direct(h, weight, spec, operands)
     if top or bottom or left or right:
         h = F.pad(h, (0, 0, left, right, top, bottom))

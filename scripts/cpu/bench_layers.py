@@ -72,8 +72,8 @@ def measure(px: int, batch: int, rounds: int) -> list[dict]:
         total = {way: ms[f"{way}_fwd"] + ms[f"{way}_bwd"] for way in ways}
         rows.append({"conv": name, "input": [c, h, w], "out_positions": positions, **ms,
                      "faster": min(total, key=total.get),
-                     "rule": "direct" if module.kernel_size != (1, 1) and
-                             positions >= MIXED_DIRECT_RATIO * module.out_channels else "gemm"})
+                     "rule": "direct" if gemm.runs_direct(weight.shape[-1] * weight.shape[-2], positions,
+                                                          module.out_channels, MIXED_DIRECT_RATIO) else "gemm"})
     return rows
 
 
