@@ -43,3 +43,15 @@ def test_step_selects_a_common_evaluation(tmp_path):
     lines = summarize.render([tmp_path / "a", tmp_path / "b"], tmp_path, step=500).splitlines()
     assert lines[2].startswith("| a | 500 | stopped | 0.600 |") and lines[3].startswith("| b | 500 | stopped | 0.550 |")
     assert summarize.render([tmp_path / "b"], tmp_path, step=1000).splitlines()[2].startswith("| b |  | stopped |  |")
+
+
+def test_columns_pick_metrics_and_best_val_reports_its_own_val(tmp_path):
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "metrics.csv").write_text("step,val_auc,test_auc,test_bntrain_auc\n500,0.7,0.71,0.69\n1000,0.6,0.62,0.58\n")
+    (run / "results.json").write_text('{"best_val": {"step": 500, "val_auc": 0.7, "test_auc": 0.71}}')
+    table = summarize.render([run], tmp_path, "auc", best=True,
+                             columns=["test_auc", "test_bntrain_auc"]).splitlines()
+    assert table[0] == ("| run | steps | finished | test_auc | test_bntrain_auc | best_val_step | best_val_val_auc"
+                        " | best_val_test_auc |")
+    assert table[2] == "| r | 1000 | yes | 0.620 | 0.580 | 500 | 0.700 | 0.710 |"

@@ -6,8 +6,13 @@ A folder argument is either a run folder (holds metrics.csv) or a folder of run 
 stopped early (no results.json) are reported at their last evaluation, with the step reached.
 ``eval.py`` records beside a run (``eval_<split>[_bntrain].json``) add a column each, e.g.
 ``test_bntrain_auc`` (``--extra-metric auc``), and ``--best`` adds the test metric at the best
-validation evaluation (``best_val`` in results.json); ``--step N`` reports the evaluation at step N
-(runs stopped by a wall-clock budget at different steps compared at a common one).
+validation evaluation (``best_val`` in results.json) and that evaluation's own validation value;
+``--step N`` reports the evaluation at step N (runs stopped by a wall-clock budget at different steps
+compared at a common one); ``--columns`` picks metrics.csv's columns (default: the six below), e.g.
+the paper tables' headline cell:
+
+    python -m scripts.tables.summarize_runs results/paper_tables/runs --root results/paper_tables/runs \
+        --columns test_auc,val_auc,test_bntrain_auc --best
 """
 from __future__ import annotations
 
@@ -40,7 +45,7 @@ def last_row(run: Path, step: int | None = None) -> dict[str, str]:
 
 def extra_values(run: Path, metric: str, best: bool) -> dict[str, float]:
     """``{<split>[_bntrain]_<metric>: value}`` from eval.py records; ``best_val_step`` and
-    ``best_val_test_<metric>`` from results.json when ``best``."""
+    ``best_val_val_<metric>`` and ``best_val_test_<metric>`` from results.json when ``best``."""
     out = {}
     for path in sorted(run.glob("eval_*.json")):
         value = json.loads(path.read_text()).get("metrics", {}).get(metric)
@@ -50,15 +55,18 @@ def extra_values(run: Path, metric: str, best: bool) -> dict[str, float]:
         best_row = json.loads((run / "results.json").read_text()).get("best_val") or {}
         if f"test_{metric}" in best_row:
             out["best_val_step"] = best_row["step"]
+            if f"val_{metric}" in best_row:
+                out[f"best_val_val_{metric}"] = best_row[f"val_{metric}"]
             out[f"best_val_test_{metric}"] = best_row[f"test_{metric}"]
     return out
 
 
 def render(runs: list[Path], root: Path, metric: str = "auc", best: bool = False,
-           step: int | None = None) -> str:
+           step: int | None = None, columns: list[str] | None = None) -> str:
     extras = [extra_values(run, metric, best) for run in runs]
-    extra_cols = sorted({k for e in extras for k in e}, key=lambda k: (k.startswith("best"), k))
-    columns = COLUMNS + extra_cols
+    found = {k for e in extras for k in e}
+    best_cols = [k for k in ("best_val_step", f"best_val_val_{metric}", f"best_val_test_{metric}") if k in found]
+    columns = list(columns or COLUMNS) + sorted(found - set(best_cols)) + best_cols
     lines = ["| run | steps | finished | " + " | ".join(columns) + " |",
              "|---|---:|---|" + "---:|" * len(columns)]
     for run, extra in zip(runs, extras):
@@ -79,11 +87,13 @@ def main() -> None:
     ap.add_argument("--extra-metric", default="auc", help="metric read from eval_*.json records")
     ap.add_argument("--best", action="store_true", help="add the test metric at the best val evaluation")
     ap.add_argument("--step", type=int, help="report the evaluation at this step (runs cut at different steps)")
+    ap.add_argument("--columns", type=lambda s: [c for c in s.split(",") if c],
+                    help=f"comma-separated metrics.csv columns (default: {','.join(COLUMNS)})")
     args = ap.parse_args()
     runs = run_folders(args.folders)
     if not runs:
         raise SystemExit(f"no metrics.csv under {[str(p) for p in args.folders]}")
-    print(render(runs, args.root.resolve(), args.extra_metric, args.best, args.step))
+    print(render(runs, args.root.resolve(), args.extra_metric, args.best, args.step, args.columns))
 
 
 if __name__ == "__main__":
