@@ -56,7 +56,7 @@ FLOOR = 2.0 ** -23     # float32's machine epsilon: the least reference distance
 FP64_TOL = 1e-9        # fp32 gate: float64 agreement (measured ~1e-14; a real error is >= 1e-4)
 GATE_STEPS = 2         # SGD steps of the float64 gate
 GATE_BATCH = 8         # images in the gate's batch
-REPS = 3               # timed steps per path (after one warm step)
+REPS = 5               # timed steps per path (after one warm step), as packed.select's
 #: CPU flags that decide the GEMMs' speed (recorded; the cache key hashes the whole flag list)
 SIMD_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16")
 CACHE_VERSION = 3      # bump when the rule changes: older entries are then chosen afresh
