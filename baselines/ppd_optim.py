@@ -70,8 +70,19 @@ Deliberate deviations:
     :math:`T_0 = 2000` (the LP authors' stage length) and :math:`\gamma = 500`, the default of
     LibAUC's PESG (Yuan et al. 2021, the same group's successor of PPD-SG: ``gamma=500``, later
     ``epoch_decay=2e-3``), where their PPD-SG and PPD-AdaGrad scripts hard-code :math:`\gamma = 2000`.
+  - Their PPD-AdaGrad updates :math:`\alpha` like the primal variables, with a proximal pull
+    towards 0 and anchored at 0 (its reference in ``V0`` is ``0``; the branch meant to drop its
+    proximal term is overwritten by the next line), so the stage's reset of :math:`\alpha` is
+    lost after the stage's first step; ours ascends from the reset value, as the paper's
+    Algorithm 3 does.
   - Neither their scripts nor the paper's regime (``configs/regime/paper.yaml``) use L2 or
     augmentation (``use_L2 False``, ``is_crop_flip False``).
+
+A side effect of averaging at stage ends: with :math:`T_0 = 2000` the stages end at steps 2k, 8k
+and 26k, which are evaluation steps (every 1,000), so those three evaluations see the averaged
+weights with the running BatchNorm statistics of the last iterates (BatchNorm's momentum 0.1
+refits them within the next few dozen steps). Later evaluations, and the 40k one the tables
+report, are not affected; a best-validation pick at one of those three steps is.
 
 In packs and CUDA graphs (:mod:`packed.graph`). ``step()`` makes no host sync, and its one host
 decision, the stage end, is a function of the step count: :meth:`needs_host` names the steps that
