@@ -421,6 +421,19 @@ def test_status_rate_is_the_segments_mean_not_the_bars_moving_average(tmp_path):
     assert run.progress() == (None, None)
 
 
+@pytest.mark.parametrize("info, results, expected", [
+    ({}, None, "-"),                                                            # queued
+    ({"segments": [{"overrides": ["model.conv_impl=gemm"]},
+                   {"overrides": ["model.conv_impl=mixed", "seed=1"]}]}, None, "mixed"),   # latest segment
+    ({"segments": [{"overrides": []}]}, None, "-"),                             # a study line pins it
+    ({"segments": [{"overrides": ["model.conv_impl=mixed"]}]},
+     {"conv_impl": {"impl": "gemm"}, "config": {"trainer": {"precision": "bf16"}}}, "gemm-bf16"),
+    ({}, {"config": {"model": {"conv_impl": "stock"}, "trainer": {"precision": "fp32"}}}, "stock"),
+])
+def test_status_names_each_runs_convolution_path(info, results, expected):
+    assert lane.conv_path(info, results) == expected
+
+
 def test_held_lists_the_begun_unfolded_queue_runs_for_a_windows_exclude(digits_study, capsys):
     camp, lane_dir = digits_study
     for key in (*QUEUE_KEYS, "prec/ce_fp32"):

@@ -626,14 +626,15 @@ def fold_finished(lane_dir: Path, campaign_dir: Path, log=print) -> list[str]:
 
 
 def status_lines(lane_dir: Path, campaign_dir: Path, studies=None) -> list[str]:
-    """Per run the lane holds or will train (in its order): state, step, val AUC, s/step, ETA."""
+    """Per run the lane holds or will train (in its order): state, step, val AUC, s/step, ETA and
+    its convolution path (:func:`conv_path`)."""
     queue, ledger = campaign_queue.load(campaign_dir)
     order = lane_order(queue, ledger, campaign_dir, lane_dir, studies=STUDIES if studies is None else studies)
     keys = [e["key"] for e in order]
     seen = sorted(p.name for p in (lane_dir / "runs").glob("*/"))
     seen += sorted(f"{p.parent.name}/{p.name}" for p in (lane_dir / "studies").glob("*/*/"))
     lines = [f"lane {lane_dir}: {lane_holder(lane_dir) or 'not running'}"]
-    lines.append(f"{'run':38} {'state':9} {'step':>11} {'val_auc':>8} {'best':>6} {'s/step':>6} {'ETA':>7}")
+    lines.append(f"{'run':38} {'state':9} {'step':>11} {'val_auc':>8} {'best':>6} {'s/step':>6} {'ETA':>7}  conv")
     for key in dict.fromkeys([*seen, *keys]):
         run = LaneRun.of(lane_dir, key)
         res, rows = run.results(), run.rows()
@@ -650,8 +651,23 @@ def status_lines(lane_dir: Path, campaign_dir: Path, studies=None) -> list[str]:
         eta = "" if state != "training" or not rate or step is None else f"{(steps - step) * rate / 3600:.1f}h"
         lines.append(f"{key:38} {state:9} {(f'{step}/{steps}' if step is not None else '-'):>11} "
                      f"{(f'{vals[-1]:.4f}' if vals else '-'):>8} {(f'{max(vals):.4f}' if vals else '-'):>6} "
-                     f"{(f'{rate:.2f}' if rate else '-'):>6} {eta:>7}")
+                     f"{(f'{rate:.2f}' if rate else '-'):>6} {eta:>7}  {conv_path(run.info, res)}")
     return lines
+
+
+def conv_path(info: dict, results: dict | None) -> str:
+    """The convolution path a run trains with (``model.conv_impl``, with ``-bf16`` for
+    ``trainer.precision=bf16``): from its ``results.json`` once finished, else the
+    ``model.conv_impl`` its latest segment was started with; ``-`` where neither says (not yet
+    started, or a study run whose line pins the path)."""
+    if results:
+        impl = (results.get("conv_impl") or {}).get("impl") or results.get("config", {}).get("model", {}).get("conv_impl")
+        precision = results.get("config", {}).get("trainer", {}).get("precision")
+        if impl:
+            return impl + ("-bf16" if precision == "bf16" else "")
+    overrides = ((info.get("segments") or [{}])[-1]).get("overrides") or []
+    impl = next((o.split("=", 1)[1] for o in overrides if o.startswith("model.conv_impl=")), None)
+    return impl or "-"
 
 
 def held_keys(lane_dir: Path, campaign_dir: Path) -> list[str]:
