@@ -5,6 +5,9 @@
 Runs are grouped exactly as ``scripts/tables/make_tables.py`` pools a cell (same config except ``seed``,
 same length; the learning rate is a key like any other here), so a curve never mixes protocols.
 Each run's ``metrics.csv`` gives the points; the legend names the setting and the seed count.
+``--panels`` draws one panel per objective (the label before its ``(...)``) on a shared y axis,
+each setting's rest (``optimizer.lr=0.01``, say) in the same colour in every panel: a cell's
+objectives x learning rates without twelve lines in one axes.
 """
 from __future__ import annotations
 
@@ -60,6 +63,48 @@ def plot(groups: dict[str, list[list[tuple]]], metric: str, path: Path, title: s
     fig.savefig(path, dpi=120)
 
 
+def split_label(label: str) -> tuple[str, str]:
+    """``("auc_lp", "optimizer.lr=0.01")`` from ``"auc_lp (optimizer.lr=0.01)"``; ``(label, "")``
+    for a label without a parenthesised rest."""
+    head, sep, rest = label.partition(" (")
+    return (head, rest[:-1] if rest.endswith(")") else rest) if sep else (label, "")
+
+
+def plot_panels(groups: dict[str, list[list[tuple]]], metric: str, path: Path, title: str = "") -> None:
+    """One panel per objective (:func:`split_label`), two columns, shared axes."""
+    panels: dict[str, dict[str, list]] = defaultdict(dict)
+    for label, seeds in groups.items():
+        head, rest = split_label(label)
+        panels[head][rest] = seeds
+    rests = sorted({rest for by in panels.values() for rest in by})
+    color = {rest: f"C{i % 10}" for i, rest in enumerate(rests)}
+    cols = min(2, len(panels))
+    rows = -(-len(panels) // cols)
+    fig = Figure(figsize=(5.2 * cols, 3.4 * rows + 0.4))
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(rows, cols, sharex=True, sharey=True, squeeze=False).ravel()
+    for ax, (head, by) in zip(axes, sorted(panels.items())):
+        for rest, seeds in sorted(by.items()):
+            for pts in seeds:
+                ax.plot(*zip(*pts), color=color[rest], lw=0.7, alpha=0.45)
+            steps = sorted(set.intersection(*(set(s for s, _ in pts) for pts in seeds)))
+            mean = [sum(dict(pts)[s] for pts in seeds) / len(seeds) for s in steps]
+            ax.plot(steps, mean, color=color[rest], lw=2, label=f"{rest or head} (n={len(seeds)})")
+        ax.set_title(head, fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="best")
+    for ax in axes[len(panels):]:
+        ax.set_visible(False)
+    for ax in axes[(rows - 1) * cols:]:
+        ax.set_xlabel("step")
+    for ax in axes[::cols]:
+        ax.set_ylabel(metric)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("folders", nargs="+", type=Path)
@@ -67,11 +112,12 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--table", default="binary", choices=sorted(TABLES), help="which runs to place")
     ap.add_argument("--title", default="")
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--panels", action="store_true", help="one panel per objective (module docstring)")
     args = ap.parse_args(argv)
     groups = curves(args.folders, args.metric, args.table)
     if not groups:
         raise SystemExit("no finished runs to plot (see the messages above)")
-    plot(groups, args.metric, args.out, args.title)
+    (plot_panels if args.panels else plot)(groups, args.metric, args.out, args.title)
     print(f"wrote {args.out}: {', '.join(f'{k} (n={len(v)})' for k, v in sorted(groups.items()))}")
     return groups
 
