@@ -39,6 +39,15 @@ def curves(folders: list[Path], metric: str, table: str = "binary") -> dict[str,
     return dict(out)
 
 
+def draw(ax, seeds: list[list[tuple]], label: str, color: str, style: str = "-") -> None:
+    """One setting: a thin line per seed, the mean over the steps all seeds share bold."""
+    for pts in seeds:
+        ax.plot(*zip(*pts), color=color, ls=style, lw=0.7, alpha=0.45)
+    steps = sorted(set.intersection(*(set(s for s, _ in pts) for pts in seeds)))
+    mean = [sum(dict(pts)[s] for pts in seeds) / len(seeds) for s in steps]
+    ax.plot(steps, mean, color=color, ls=style, lw=2, label=f"{label} (n={len(seeds)})")
+
+
 def plot(groups: dict[str, list[list[tuple]]], metric: str, path: Path, title: str = "") -> None:
     # more than ten settings: the legend goes below the axes (it hid the curves) and the
     # colours repeat with a dashed line, so no two settings look alike
@@ -47,12 +56,7 @@ def plot(groups: dict[str, list[list[tuple]]], metric: str, path: Path, title: s
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     for i, (label, seeds) in enumerate(sorted(groups.items())):
-        color, style = f"C{i % 10}", "-" if i < 10 else "--"
-        for pts in seeds:
-            ax.plot(*zip(*pts), color=color, ls=style, lw=0.7, alpha=0.45)
-        steps = sorted(set.intersection(*(set(s for s, _ in pts) for pts in seeds)))
-        mean = [sum(dict(pts)[s] for pts in seeds) / len(seeds) for s in steps]
-        ax.plot(steps, mean, color=color, ls=style, lw=2, label=f"{label} (n={len(seeds)})")
+        draw(ax, seeds, label, f"C{i % 10}", "-" if i < 10 else "--")
     ax.set(xlabel="step", ylabel=metric, title=title)
     ax.grid(alpha=0.3)
     if many:
@@ -85,11 +89,7 @@ def plot_panels(groups: dict[str, list[list[tuple]]], metric: str, path: Path, t
     axes = fig.subplots(rows, cols, sharex=True, sharey=True, squeeze=False).ravel()
     for ax, (head, by) in zip(axes, sorted(panels.items())):
         for rest, seeds in sorted(by.items()):
-            for pts in seeds:
-                ax.plot(*zip(*pts), color=color[rest], lw=0.7, alpha=0.45)
-            steps = sorted(set.intersection(*(set(s for s, _ in pts) for pts in seeds)))
-            mean = [sum(dict(pts)[s] for pts in seeds) / len(seeds) for s in steps]
-            ax.plot(steps, mean, color=color[rest], lw=2, label=f"{rest or head} (n={len(seeds)})")
+            draw(ax, seeds, rest or head, color[rest])
         ax.set_title(head, fontsize=10)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="best")
