@@ -95,8 +95,10 @@ def plot_panels(groups: dict[str, list[list[tuple]]], metric: str, path: Path, t
         ax.legend(fontsize=7, loc="best")
     for ax in axes[len(panels):]:
         ax.set_visible(False)
-    for ax in axes[(rows - 1) * cols:]:
-        ax.set_xlabel("step")
+    for i, ax in enumerate(axes[:len(panels)]):   # the lowest panel of each column carries the x axis
+        if i + cols >= len(panels):
+            ax.xaxis.set_tick_params(labelbottom=True)
+            ax.set_xlabel("step")
     for ax in axes[::cols]:
         ax.set_ylabel(metric)
     if title:
