@@ -12,18 +12,18 @@ H100, EPYC = "NVIDIA H100 80GB HBM3", "AMD EPYC"
 
 
 def ran_on(folder: Path, device: str, name: str | None = None, precision: str | None = None,
-           conv_impl: str | None = None, **record) -> Path:
+           config_conv_impl: str | None = None, **record) -> Path:
     """Give a fake run the device records train.py writes (results.json ``device`` and
-    ``provenance.device_name``; the config's precision and conv_impl) and ``record`` (``conv``:
-    what ``model.conv_impl`` resolved to)."""
+    ``provenance.device_name``; the config's precision and conv_impl) and ``record`` (``conv_impl``:
+    what ``model.conv_impl`` resolved to, as run.job writes it)."""
     path = folder / "results.json"
     res = json.loads(path.read_text())
     res["device"] = device
     res["provenance"] = {"device_name": name, "git_commit": "abc1234"}
     if precision:
         res["config"]["trainer"]["precision"] = precision
-    if conv_impl:
-        res["config"]["model"]["conv_impl"] = conv_impl
+    if config_conv_impl:
+        res["config"]["model"]["conv_impl"] = config_conv_impl
     res.update(record)
     path.write_text(json.dumps(res))
     return folder
@@ -35,8 +35,8 @@ def markdown(capsys, folder: Path) -> list[str]:
 
 
 def test_a_cpu_and_a_gpu_run_of_one_protocol_share_a_cell_and_the_footnote_names_both(tmp_path, capsys):
-    ran_on(fake_run(tmp_path / "gpu", seed=0, test=0.70), "cuda", H100, conv_impl="auto")
-    ran_on(fake_run(tmp_path / "cpu", seed=1, test=0.74), "cpu", EPYC, conv_impl="gemm")
+    ran_on(fake_run(tmp_path / "gpu", seed=0, test=0.70), "cuda", H100, config_conv_impl="auto")
+    ran_on(fake_run(tmp_path / "cpu", seed=1, test=0.74), "cpu", EPYC, config_conv_impl="gemm")
     lines = markdown(capsys, tmp_path)
     assert "| auc_lp | 72.0 ± 2.8 (n=2) [paper 72.5] |" in lines   # one cell, one row: no split key
     assert lines[-2] == "code versions: abc1234(2 runs)."
@@ -46,14 +46,14 @@ def test_a_cpu_and_a_gpu_run_of_one_protocol_share_a_cell_and_the_footnote_names
 
 def test_gpu_fp32_runs_add_no_line(tmp_path, capsys):
     for seed in (0, 1):
-        ran_on(fake_run(tmp_path / f"gpu{seed}", seed=seed), "cuda:0", H100, precision="fp32", conv_impl="stock")
+        ran_on(fake_run(tmp_path / f"gpu{seed}", seed=seed), "cuda:0", H100, precision="fp32", config_conv_impl="stock")
     assert markdown(capsys, tmp_path)[-1] == "code versions: abc1234(2 runs)."
 
 
 def test_the_conv_record_names_the_path_and_precision_and_only_its_cell_is_listed(tmp_path, capsys):
     ran_on(fake_run(tmp_path / "lp", seed=0), "cuda", H100)
-    ran_on(fake_run(tmp_path / "ce", objective="ce", seed=0), "cpu", None, conv_impl="auto",
-           conv={"impl": "gemm", "requested": "auto", "precision": "bf16", "why": "gated, faster"})
+    ran_on(fake_run(tmp_path / "ce", objective="ce", seed=0), "cpu", None, config_conv_impl="auto",
+           conv_impl={"impl": "gemm", "requested": "auto", "precision": "bf16", "why": "gated, faster"})
     ran_on(fake_run(tmp_path / "ppd_bf16", objective="ppd_sg", dataset="catdog", seed=0), "cuda", H100,
            precision="bf16")
     assert markdown(capsys, tmp_path)[-1] == (

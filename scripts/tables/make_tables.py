@@ -216,11 +216,11 @@ def code_version(res: dict) -> str:
 PLAIN_CONV = (None, "stock", "auto")
 
 
-def _step_record(res: dict, cfg: dict) -> tuple[str | None, str | None]:
-    """(convolutions, precision) of a run's step from its results.json ``conv`` record (what
-    ``model.conv_impl`` resolved to: ``impl`` stock, gemm or mixed, and its ``precision``), else the
-    config's ``model.conv_impl`` (a run made before the record)."""
-    rec = res.get("conv")
+def step_record(res: dict, cfg: dict) -> tuple[str | None, str | None]:
+    """(convolutions, precision) of a run's step from its results.json ``conv_impl`` record (what
+    ``model.conv_impl`` resolved to, written by ``run.job``: ``impl`` stock, gemm or mixed, and its
+    ``precision``), else the flattened config's ``model.conv_impl`` (a run made before the record)."""
+    rec = res.get("conv_impl")
     if isinstance(rec, dict):
         return rec.get("impl"), rec.get("precision")
     return cfg.get("model.conv_impl"), None
@@ -231,11 +231,11 @@ def run_setup(res: dict, cfg: dict) -> tuple[str, bool]:
     ``("cpu bf16, gemm convolutions", False)``. The plain case is a GPU in fp32 with torchvision's
     convolutions; a run that did not record its device counts as plain (nothing to say). Read
     from results.json: ``device`` (cpu, cuda, ...), the config's ``trainer.precision`` and the
-    ``conv`` record (:func:`_step_record`). None of these is part of a protocol (IGNORED): a CPU
+    ``conv_impl`` record (:func:`step_record`). None of these is part of a protocol (IGNORED): a CPU
     and a GPU run of one protocol share a cell, and the table's footnote names the mix
     (:func:`setups`)."""
     device = res.get("device")
-    conv, recorded = _step_record(res, cfg)
+    conv, recorded = step_record(res, cfg)
     precision = recorded or str(cfg.get("trainer.precision", "fp32"))
     text = ((str(device).split(":")[0] if device else "device unrecorded") + f" {precision}"
             + ("" if conv in PLAIN_CONV else f", {conv} convolutions"))
