@@ -74,7 +74,7 @@ from scripts.campaign import fold as campaign_fold
 from scripts.campaign import queue as campaign_queue
 from scripts.campaign import submit as campaign_submit
 from scripts.campaign.jobs import ROOT, composer
-from scripts.tables import queue_order
+from scripts.tables import make_tables, queue_order
 
 #: the cells the lane trains, in order: (dataset, dataset.neg_keep) of Table 1 in the paper's regime
 CELLS = (("cifar10", 0.1), ("catdog", 0.1))
@@ -661,10 +661,10 @@ def conv_path(info: dict, results: dict | None) -> str:
     ``model.conv_impl`` its latest segment was started with; ``-`` where neither says (not yet
     started, or a study run whose line pins the path)."""
     if results:
-        impl = (results.get("conv_impl") or {}).get("impl") or results.get("config", {}).get("model", {}).get("conv_impl")
-        precision = results.get("config", {}).get("trainer", {}).get("precision")
+        cfg = make_tables.flatten(results.get("config") or {})
+        impl, recorded = make_tables.step_record(results, cfg)
         if impl:
-            return impl + ("-bf16" if precision == "bf16" else "")
+            return impl + ("-bf16" if (recorded or cfg.get("trainer.precision")) == "bf16" else "")
     overrides = ((info.get("segments") or [{}])[-1]).get("overrides") or []
     impl = next((o.split("=", 1)[1] for o in overrides if o.startswith("model.conv_impl=")), None)
     return impl or "-"
