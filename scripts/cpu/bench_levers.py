@@ -10,7 +10,13 @@ measurements (medians, one thread, the variants interleaved call by call: :func:
 * ``malloc``: the fp32 32 px GEMM step in fresh processes with glibc's default allocator
   against the CPU lane's ``MALLOC_ENV`` (allocations kept in the heap: no fresh pages faulting);
 * ``gemm``: one of layer1's GEMMs (4096x576 @ 576x64) in float32, in oneDNN's bf16 math mode
-  (float32 operands converted on each call: the ``bf16`` run option) and on bfloat16 tensors.
+  (float32 operands converted on each call: the ``bf16`` run option) and on bfloat16 tensors;
+* ``eval``: what one of ``train.py``'s evaluations costs beside its 1,000 training steps, for the
+  32 px ``mixed`` model in fp32 (15k images with running statistics in batches of 512, 10k in
+  BatchNorm-train mode in batches of 32: ``trainer.eval_batch_size``, ``trainer.bntrain_batch_size``),
+  and the running-statistics forward with each BatchNorm folded into the convolution before it
+  (weights scaled per output channel, a bias added; the folding paid on every call): the most
+  folding could save, as it applies to the running-statistics half only.
 """
 from __future__ import annotations
 
@@ -116,7 +122,75 @@ def malloc(rounds: int) -> list[str]:
             f"({med['lane'][0] / med['default'][0]:.2f}x; medians of 5 processes each)"]
 
 
-LEVERS = {"dead-taps": dead_taps, "gemm": gemm_precisions, "malloc": malloc}
+def _folded_forward(model: nn.Module, chunk: int = 64):
+    """``model``'s (a ``mixed`` GemmResNet in ``eval()``) running-statistics forward with every
+    BatchNorm folded into the convolution before it: ``conv(x, w * s) + (beta - mean * s)`` with
+    ``s = gamma / sqrt(var + eps)`` per output channel, then ReLU in place; chunks of ``chunk``
+    images as the model's own evaluation forward."""
+    plan = gemm.plan(model)
+    params, buffers = dict(model.named_parameters()), dict(model.named_buffers())
+
+    def fold(conv: gemm.Conv, norm: gemm.Norm):
+        p = norm.prefix
+        scale = torch.rsqrt(buffers[f"{p}.running_var"] + norm.eps) * params[f"{p}.weight"]
+        weight = (params[conv.weight] * scale[:, None, None, None]).contiguous(memory_format=torch.channels_last)
+        return conv, weight.unsqueeze(0), params[f"{p}.bias"] - buffers[f"{p}.running_mean"] * scale
+
+    def conv_bias(h, folded, relu: bool):
+        conv, weight, bias = folded
+        out = gemm.conv(h, weight, conv, direct_ratio=model.direct_ratio).add_(bias)
+        return out.relu_() if relu else out
+
+    def forward(x):
+        stem = fold(plan.stem, plan.stem_bn)
+        blocks = [(fold(b.conv1, b.bn1), fold(b.conv2, b.bn2), b.down and fold(*b.down)) for b in plan.blocks]
+        out = []
+        for part in x.split(chunk):
+            h = gemm.max_pool(conv_bias(part.unsqueeze(0).permute(0, 1, 3, 4, 2), stem, True), plan.pool)
+            for first, second, down in blocks:
+                y = conv_bias(conv_bias(h, first, True), second, False)
+                h = y.add_(h if down is None else conv_bias(h, down, False)).relu_()
+            out.append(torch.addmm(params[f"{plan.fc}.bias"], h.mean(dim=(2, 3)).squeeze(0), params[f"{plan.fc}.weight"].t()))
+        return torch.cat(out)
+    return forward
+
+
+def evaluation(rounds: int) -> list[str]:
+    import copy
+    torch.manual_seed(0)
+    model = resnet18(2, [3, 32, 32], conv_impl="mixed")
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 3, 32, 32, generator=g).contiguous(memory_format=torch.channels_last)
+    y = torch.randint(0, 2, (64,), generator=g)
+    for _ in range(20):   # BatchNorm statistics away from their initial values
+        step_fn(model, opt, x, y, amp=False)()
+    running = copy.deepcopy(model).eval()   # twins: the timed steps below move only `model`
+    batch_stats = copy.deepcopy(model)
+    for m in batch_stats.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            m.train()
+    folded = _folded_forward(running)
+    x512 = torch.randn(512, 3, 32, 32, generator=g).contiguous(memory_format=torch.channels_last)
+    no_grad = torch.no_grad()(lambda fn: fn())
+    gap = no_grad(lambda: (folded(x512) - running(x512)).abs().max().item())
+    ms = interleaved({"step": step_fn(model, opt, x, y, amp=False),
+                      "running 512": lambda: no_grad(lambda: running(x512)),
+                      "folded 512": lambda: no_grad(lambda: folded(x512)),
+                      "bn-train 16x32": lambda: no_grad(lambda: [batch_stats(p) for p in x512.split(32)])},
+                     max(rounds // 4, 3))
+    per_eval = (ms["running 512"] * 15_000 + ms["bn-train 16x32"] * 10_000) / 512
+    folded_eval = (ms["folded 512"] * 15_000 + ms["bn-train 16x32"] * 10_000) / 512
+    step_k = ms["step"] * 1_000
+    return [f"eval: 32 px mixed fp32, per 512 images: running statistics {ms['running 512']:.0f} ms, "
+            f"BatchNorm folded {ms['folded 512']:.0f} ms ({ms['folded 512'] / ms['running 512']:.2f}x; "
+            f"max |logit gap| {gap:.1e}), BatchNorm-train in batches of 32 {ms['bn-train 16x32']:.0f} ms",
+            f"eval: one evaluation {per_eval / 1e3:.1f} s beside 1,000 steps {step_k / 1e3:.0f} s "
+            f"({ms['step']:.1f} ms each): {per_eval / (per_eval + step_k):.1%} of a run; with folding "
+            f"{folded_eval / (folded_eval + step_k):.1%}"]
+
+
+LEVERS = {"dead-taps": dead_taps, "gemm": gemm_precisions, "malloc": malloc, "eval": evaluation}
 
 
 def main(argv: list[str] | None = None) -> None:
