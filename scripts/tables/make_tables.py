@@ -584,6 +584,41 @@ def render(cells: list[Cell], table: str, fmt: str, lr_caption: str, select: str
     return "\n".join(lines + ["\\bottomrule", "\\end{tabular}", "\\end{table}"])
 
 
+def placed(folders: list[Path], table: str, lr_rule: str, log, select_: str = "final", bn: str = "eval",
+           queue_path: Path | None = None) -> tuple[list[Cell], str]:
+    """The cells of ``table`` from the runs under ``folders`` (rules 1-5; rows of a queued run named
+    by its queue entry) and the lr caption; with a ``queue_path``, its cells with no run as pending."""
+    spec = TABLES[table]
+    queue = read_json(queue_path, "queue") if queue_path else None
+    runs = load(folders, spec, lr_rule, log, select_, bn)
+    pending = {}
+    if queue is not None:
+        entries = {e["key"]: e for e in queue.get("entries", [])}
+        for r in runs:   # a queued run's row: its objective and its arm (queue_cells.row_name)
+            if r.path.parent.name in entries:
+                r.name = row_name(entries[r.path.parent.name])
+        names = {p.parent.name for f in folders for p in f.rglob("results.json")}
+        ledger_path = queue_path.parent / LEDGER_FILE
+        ledger = read_json(ledger_path, "ledger") if ledger_path.is_file() else {}
+        wanted = queue_order.states(queue, ledger, queue_path.parent)   # the lr rules: what is still wanted
+        pending = expected_cells(queue, table, spec.level, spec.pivot, done_keys(queue_path, names), wanted)
+        log(f"queue {queue_path} (version {queue.get('version')}): {sum(n for n, _ in pending.values())} "
+            f"runs in {len(pending)} cells of --table {table}, "
+            f"{sum(d for _, d in pending.values())} done")
+    if not runs and not pending:
+        needs = f"test_{spec.metric}" + ("" if lr_rule == "none" else f" and val_{spec.metric}")
+        raise NothingToPlaceError(f"nothing to place in --table {table} (task={spec.task}, needs "
+                                  f"{needs}); see the lines above")
+    label_rows(runs, log)
+    cells, lr_caption = select(runs, lr_rule, f"val_{spec.metric}", log) if runs else \
+        ([], "lr: none selected yet (no run done)")
+    log(f"placed {sum(len(c.runs) for c in cells)} of {len(runs)} usable runs in {len(cells)} cells")
+    if queue is not None:
+        keys = {e["key"] for e in queue.get("entries", [])}
+        cells = with_pending(cells, pending, queued_labels(runs, keys))
+    return cells, lr_caption
+
+
 def main(argv: list[str] | None = None) -> str:
     """The command line (:func:`run`): prints the table and returns its text; a user's error
     (:data:`USER_ERRORS`) ends as one line, ``make_tables: <type>: <message>``, with exit status 1."""
@@ -619,35 +654,8 @@ def run(argv: list[str] | None = None) -> str:
     missing = [str(f) for f in args.folders if not f.exists()]
     if missing:
         raise FileNotFoundError(f"no such folder: {', '.join(missing)}")
-    spec = TABLES[args.table]
     queue_path = None if args.no_queue else (args.queue or find_queue(args.folders))
-    queue = read_json(queue_path, "queue") if queue_path else None
-    runs = load(args.folders, spec, args.lr_rule, log, args.select, args.bn)
-    pending = {}
-    if queue is not None:
-        entries = {e["key"]: e for e in queue.get("entries", [])}
-        for r in runs:   # a queued run's row: its objective and its arm (queue_cells.row_name)
-            if r.path.parent.name in entries:
-                r.name = row_name(entries[r.path.parent.name])
-        names = {p.parent.name for f in args.folders for p in f.rglob("results.json")}
-        ledger_path = queue_path.parent / LEDGER_FILE
-        ledger = read_json(ledger_path, "ledger") if ledger_path.is_file() else {}
-        wanted = queue_order.states(queue, ledger, queue_path.parent)   # the lr rules: what is still wanted
-        pending = expected_cells(queue, args.table, spec.level, spec.pivot, done_keys(queue_path, names), wanted)
-        log(f"queue {queue_path} (version {queue.get('version')}): {sum(n for n, _ in pending.values())} "
-            f"runs in {len(pending)} cells of --table {args.table}, "
-            f"{sum(d for _, d in pending.values())} done")
-    if not runs and not pending:
-        needs = f"test_{spec.metric}" + ("" if args.lr_rule == "none" else f" and val_{spec.metric}")
-        raise NothingToPlaceError(f"nothing to place in --table {args.table} (task={spec.task}, needs "
-                                  f"{needs}); see the lines above")
-    label_rows(runs, log)
-    cells, lr_caption = select(runs, args.lr_rule, f"val_{spec.metric}", log) if runs else \
-        ([], "lr: none selected yet (no run done)")
-    log(f"placed {sum(len(c.runs) for c in cells)} of {len(runs)} usable runs in {len(cells)} cells")
-    if queue is not None:
-        keys = {e["key"] for e in queue.get("entries", [])}
-        cells = with_pending(cells, pending, queued_labels(runs, keys))
+    cells, lr_caption = placed(args.folders, args.table, args.lr_rule, log, args.select, args.bn, queue_path)
     text = render(cells, args.table, args.format, lr_caption, args.select, args.bn)
     print(text)
     if args.out:

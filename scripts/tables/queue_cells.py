@@ -10,6 +10,7 @@ imports it from here (:mod:`scripts.campaign` may import :mod:`scripts.tables`, 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 QUEUE_FILE, LEDGER_FILE = "queue.json", "ledger.json"
@@ -62,6 +63,13 @@ def row_name(entry: dict) -> str:
     (``ce (regime=augmented)``), so the two arms never share a cell or a paper number."""
     arm = arm_of(entry)
     return entry["objective"] + (f" (regime={arm})" if arm else "")
+
+
+def row_arm(row: str) -> str | None:
+    """The arm a row name (:func:`row_name`, perhaps with more keys after it) belongs to:
+    ``"ce (regime=augmented)"`` -> ``"augmented"``; ``None`` for the paper's regime."""
+    found = re.search(r"\bregime=([^,)]+)", row)
+    return found.group(1) if found else None
 
 
 def expected_cells(queue: dict, table: str, level: str, pivot: str | None, done: set[str],
