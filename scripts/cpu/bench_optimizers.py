@@ -1,7 +1,7 @@
 """``python -m scripts.cpu.bench_optimizers``: one optimizer step on ResNet-18's parameters, per
 optimizer the campaign trains with, on one CPU thread.
 
-    OMP_NUM_THREADS=1 python -m scripts.cpu.bench_optimizers [--rounds 12] [--pause-lane]
+    OMP_NUM_THREADS=1 python -m scripts.cpu.bench_optimizers [--rounds 12] [--pause-lane] [--compiled]
 
 Why: the optimizer step is part of every training step, and the baselines' stage-wise optimizers
 (:mod:`baselines.ppd_optim`: PPD-SG, PPD-AdaGrad, Liu et al. 2020) do more per parameter than
@@ -11,6 +11,14 @@ alike; it prints each one's median ms and its ratio to ``torch.optim.SGD``'s, as
 ``optimizer=sgd`` builds it (momentum 0.9, no weight decay: the paper's regime). The gradients are
 fixed random tensors (the step's cost does not depend on their values); stages are made longer
 than the run, so no stage end (averaging) is timed.
+
+``--compiled`` adds what ``torch.compile`` (inductor's C++ code, a C++ compiler needed) would give:
+``torch.optim.SGD``'s ``step`` compiled, and each PPD update (the per-parameter arithmetic of
+:mod:`baselines.ppd_optim`'s ``_update`` plus the stage sum, written out once for all
+parameters, the stage's numbers passed as 0-d tensors so a new stage's lr compiles nothing new)
+compiled into fused loops; per form the compile time of its first call and the largest
+parameter difference to the eager optimizer after one step from equal states (rounding: the fused
+loops need not round as the eager passes do). A measurement of the lever, not a run option.
 """
 from __future__ import annotations
 
@@ -52,17 +60,86 @@ def measure(rounds: int) -> tuple[dict[str, float], int]:
     return {name: statistics.median(t) * 1e3 for name, t in times.items()}, weights
 
 
+def _ppd_update(adagrad: bool):
+    """The PPD step's arithmetic on lists of tensors (``baselines.ppd_optim``: ``_update`` for a
+    descent group, then ``state["sum"] += p``), for ``torch.compile`` to fuse."""
+    def update(ps, gs, refs, sums, sqs, eta, gamma, c):
+        for i, (p, g, ref, total) in enumerate(zip(ps, gs, refs, sums)):
+            if adagrad:
+                sq = sqs[i] + g * g
+                sqs[i].copy_(sq)
+                new = p - eta * ((p - ref) / gamma + g) / (torch.sqrt(sq) + c)
+            else:
+                new = p - eta * (g + (p - ref) / gamma)
+            p.copy_(new)
+            total.add_(new)
+    return update
+
+
+def measure_compiled(rounds: int) -> dict[str, tuple[float, float, float, float]]:
+    """Per optimizer: (eager ms, compiled ms, seconds to compile, max |parameter difference| after
+    one step from equal states), timed interleaved over ``rounds`` rounds."""
+    out = {}
+    for name, (cls, kw) in OPTIMIZERS.items():
+        models = []
+        for _ in range(2):
+            torch.manual_seed(0)
+            model = resnet18(num_classes=2)
+            for p in model.parameters():
+                p.grad = torch.randn_like(p) * 1e-3
+            models.append(model)
+        eager, twin = (cls(m.parameters(), **kw) for m in models)
+        for opt in (eager, twin):
+            opt.step()   # states exist (and are equal) before the compiled form takes over
+        params = list(models[1].parameters())
+        if name == "sgd":
+            fast = torch.compile(twin.step)
+        else:
+            group, state = twin.param_groups[0], [twin.state[p] for p in params]
+            fn = torch.compile(_ppd_update(name == "ppd_adagrad"), dynamic=False)
+            numbers = [torch.tensor(group["lr"]), torch.tensor(group["gamma"]),
+                       torch.tensor(group.get("delta", 0.0) + group["lr"] / group["gamma"])]
+            grads, refs, sums = [p.grad for p in params], [s["ref"] for s in state], [s["sum"] for s in state]
+            sqs = [s["sq_sum"] for s in state] if name == "ppd_adagrad" else []
+
+            def fast(fn=fn, grads=grads, refs=refs, sums=sums, sqs=sqs, numbers=numbers):
+                with torch.no_grad():
+                    fn(params, grads, refs, sums, sqs, *numbers)
+        start = time.perf_counter()
+        fast()
+        compile_s = time.perf_counter() - start
+        eager.step()
+        gap = max((a - b).abs().max().item() for a, b in zip(models[0].parameters(), params))
+        times = {"eager": [], "compiled": []}
+        for _ in range(rounds):
+            for form, fn_ in (("eager", eager.step), ("compiled", fast)):
+                start = time.perf_counter()
+                fn_()
+                times[form].append(time.perf_counter() - start)
+        out[name] = (statistics.median(times["eager"]) * 1e3, statistics.median(times["compiled"]) * 1e3,
+                     compile_s, gap)
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=12)
+    ap.add_argument("--compiled", action="store_true", help="also time each step compiled by torch.compile")
     quiet.add_pause_flag(ap)
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     with quiet.pause_if(args.pause_lane):
         ms, weights = measure(args.rounds)
+        compiled = measure_compiled(args.rounds) if args.compiled else {}
     print(f"ResNet-18 ({weights / 1e6:.1f}M parameters), one thread, median of {args.rounds} steps:")
     for name, t in ms.items():
         print(f"  {name:12} {t:7.1f} ms  {t / ms['sgd']:5.2f}x sgd")
+    if compiled:
+        print("compiled (torch.compile), side by side with the eager step, median of "
+              f"{args.rounds} interleaved steps:")
+    for name, (eager, fast, compile_s, gap) in compiled.items():
+        print(f"  {name:12} eager {eager:7.1f} ms, compiled {fast:7.1f} ms ({fast / eager:.2f}x; "
+              f"compiled in {compile_s:.0f} s; max |param diff| after one step {gap:.1e})")
     return 0
 
 
