@@ -149,6 +149,24 @@ class SquareAUCMinMax(Objective):
         self._ring_y.index_copy_(0, slot, y[None])
         self._ring_n.add_(1)
 
+    # The ring is state: a run resumed a few steps before a stage end re-estimates alpha from the
+    # batches the uninterrupted run would (checkpointed with the objective; an older checkpoint
+    # without it starts an empty ring, as resumes did before)
+    def get_extra_state(self) -> dict:
+        if self._ring_x is None:
+            return {}
+        return {"ring_x": self._ring_x, "ring_y": self._ring_y, "ring_n": self._ring_n}
+
+    def set_extra_state(self, state: dict | None) -> None:
+        state = state or {}
+        self._ring_x, self._ring_y, self._ring_n = (
+            (state[k].to(self.a.device, copy=True) if k in state else None) for k in ("ring_x", "ring_y", "ring_n"))
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        if "_extra_state" not in state_dict:   # a checkpoint from before the ring was saved
+            state_dict = {**state_dict, "_extra_state": {}}
+        return super().load_state_dict(state_dict, strict=strict, assign=assign)
+
     def remembered(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The kept examples ``(x [M, ...], y [M])``, oldest slot first (one host read)."""
         if self._ring_x is None:

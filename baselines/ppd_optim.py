@@ -148,22 +148,83 @@ class _StagewiseProximalPrimalDual(Optimizer):
                 loss = closure()
         self.stage_ended = False
         for group in self.param_groups:
-            for p in group["params"]:
-                state = self.state[p]
-                if "ref" not in state:
-                    state["ref"] = p.detach().clone()
-                    state["sum"] = torch.zeros_like(p)
-                    self._new_stage_state(state)
-                if p.grad is not None:
-                    g = p.grad
-                    if group["weight_decay"] and not group["ascent"]:
-                        g = g.add(p, alpha=group["weight_decay"])
-                    self._update(p, g, state, group)
-                state["sum"].add_(p)
+            self._step_group(group)
+        self._advance()
+        return loss
+
+    def _step_group(self, group: dict) -> None:
+        """One step of one parameter group, eagerly, parameter by parameter."""
+        for p in group["params"]:
+            state = self.state[p]
+            if "ref" not in state:
+                state["ref"] = p.detach().clone()
+                state["sum"] = torch.zeros_like(p)
+                self._new_stage_state(state)
+            if p.grad is not None:
+                g = p.grad
+                if group["weight_decay"] and not group["ascent"]:
+                    g = g.add(p, alpha=group["weight_decay"])
+                self._update(p, g, state, group)
+            state["sum"].add_(p)
+
+    def _advance(self) -> None:
+        """Count the step; end the stage after its last one."""
         self.stage_step += 1
         if self.stage_step >= self.stage_len:
             self._end_stage()
-        return loss
+
+    #: the descent update of a whole group as one function of tensor lists (see
+    #: :meth:`compiled_step`); set by each subclass
+    _fused_descent = None
+
+    def compiled_step(self, compile_fn=None):
+        """A ``step()`` (no closure) whose descent groups' arithmetic is ``torch.compile``'d.
+
+        The per-parameter passes of :meth:`_update` plus the stage sum, written out once for all
+        parameters of a group (:meth:`_fused_descent`) and compiled (``compile_fn``, default
+        ``torch.compile``: inductor's fused C++ loops on a CPU) into a few loops that read and
+        write each element once, where the eager step makes a chain of passes over every tensor:
+        the step is bound by memory bandwidth, so this is most of the gain
+        (``python -m scripts.cpu.bench_optimizers --compiled``). The group's numbers (lr,
+        :math:`\\gamma`, AdaGrad's offset, the L2 weight) go in as 0-d tensors refilled at each
+        step, so a new stage's lr compiles nothing new. Ascent groups (the dual variable), a
+        group's first step (its state is made then), a parameter without a gradient and the stage
+        end (averaging) stay eager, as does everything on the host (the stage clock).
+
+        The compiled loops need not round as the eager passes do (a fused multiply-add, another
+        order of operations): the two forms agree to rounding, not bit for bit; each is
+        deterministic, so a run resumed on the form it began with repeats itself.
+        """
+        kernel = (compile_fn or torch.compile)(type(self)._fused_descent, dynamic=False)
+        numbers: dict[int, list[torch.Tensor]] = {}
+
+        @torch.no_grad()
+        def step() -> None:
+            self.stage_ended = False
+            for index, group in enumerate(self.param_groups):
+                params = group["params"]
+                if group["ascent"] or not params or any(p.grad is None or "ref" not in self.state[p]
+                                                        for p in params):
+                    self._step_group(group)
+                    continue
+                values = self._fused_numbers(group)
+                held = numbers.get(index)
+                if held is None or held[0].dtype != params[0].dtype or held[0].device != params[0].device:
+                    held = numbers[index] = [torch.zeros((), dtype=params[0].dtype, device=params[0].device)
+                                             for _ in values]
+                for tensor, value in zip(held, values):
+                    tensor.fill_(value)
+                states = [self.state[p] for p in params]
+                kernel(params, [p.grad for p in params], [s["ref"] for s in states],
+                       [s["sum"] for s in states], [s.get("sq_sum") for s in states],
+                       *held, bool(group["weight_decay"]))
+            self._advance()
+
+        return step
+
+    def _fused_numbers(self, group: dict) -> tuple[float, ...]:
+        """(lr, gamma, offset, weight decay) of ``group`` for :meth:`_fused_descent`."""
+        return group["lr"], group["gamma"], 0.0, group["weight_decay"]
 
     def _end_stage(self) -> None:
         for group in self.param_groups:
@@ -224,6 +285,16 @@ class PPDSG(_StagewiseProximalPrimalDual):
         else:   # p - lr (g + (p - ref) / gamma), as two in-place passes and no temporary
             p.lerp_(state["ref"], group["lr"] / group["gamma"]).add_(g, alpha=-group["lr"])
 
+    @staticmethod
+    def _fused_descent(ps, gs, refs, sums, sqs, lr, gamma, offset, decay, decays: bool):
+        """:meth:`_update`'s descent and the stage sum on lists of tensors (for ``torch.compile``)."""
+        for p, g, ref, total in zip(ps, gs, refs, sums):
+            if decays:
+                g = g + decay * p
+            new = p - lr * (g + (p - ref) / gamma)
+            p.copy_(new)
+            total.add_(new)
+
 
 class PPDAdaGrad(_StagewiseProximalPrimalDual):
     """PPD-AdaGrad (Algorithm 3): the same stages with a per-coordinate AdaGrad inner loop.
@@ -254,3 +325,19 @@ class PPDAdaGrad(_StagewiseProximalPrimalDual):
             # (python -m scripts.cpu.bench_optimizers times the step beside torch's SGD)
             den = state["sq_sum"].sqrt().add_(group["delta"] + eta / group["gamma"])
             p.addcdiv_(torch.sub(p, state["ref"]).div_(group["gamma"]).add_(g), den, value=-eta)
+
+    def _fused_numbers(self, group: dict) -> tuple[float, ...]:
+        return group["lr"], group["gamma"], group["delta"] + group["lr"] / group["gamma"], group["weight_decay"]
+
+    @staticmethod
+    def _fused_descent(ps, gs, refs, sums, sqs, lr, gamma, offset, decay, decays: bool):
+        """:meth:`_update`'s descent (``offset`` = delta + lr / gamma), its squared-gradient sums
+        and the stage sum on lists of tensors (for ``torch.compile``)."""
+        for p, g, ref, total, sq in zip(ps, gs, refs, sums, sqs):
+            if decays:
+                g = g + decay * p
+            s = sq + g * g
+            sq.copy_(s)
+            new = p - lr * ((p - ref) / gamma + g) / (torch.sqrt(s) + offset)
+            p.copy_(new)
+            total.add_(new)

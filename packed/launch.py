@@ -190,6 +190,10 @@ def train_packed(jobs: list[Job], max_pack: int | None = None, deadline: float |
             if job.cfg.resume:
                 raise PackedLaunchError(f"{job.name}: resume={job.cfg.resume} is not packed; resume "
                                         "this run folder with `python train.py resume=true ...`")
+            if job.cfg.trainer.optimizer_impl != "eager":
+                raise PackedLaunchError(f"{job.name}: trainer.optimizer_impl={job.cfg.trainer.optimizer_impl} "
+                                        "is a single run's option (a pack steps all its runs in one update "
+                                        "of its own: see fused_update); set trainer.optimizer_impl=eager")
             validate(job.cfg)
             device = resolve_device(job.cfg.device)
             run, _ = prepare_run(job.cfg, job.run_dir, device)

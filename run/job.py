@@ -19,7 +19,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from lpmetrics.data.stream import STREAM_VERSION
-from lpmetrics.run import provenance, runfolder
+from lpmetrics.run import optimizer_step, provenance, runfolder
 from lpmetrics.run.builders import built
 from lpmetrics.run.evaluation import PRIMARY_METRIC, evaluate
 from lpmetrics.run.guards import check_degenerate, degenerate_summary
@@ -56,6 +56,9 @@ class Run:
     #: the model's convolution path (:func:`lpmetrics.run.builders.conv_path`): which one ran,
     #: why, at what precision, on which CPU; ``None`` for a model without convolutions
     conv: dict | None = None
+    #: the optimizer step that ran (:func:`lpmetrics.run.optimizer_step.build_step`): asked, ran,
+    #: why, seconds compiling; ``None`` where the loop did not build one (the packed launcher)
+    optimizer_impl: dict | None = None
 
     @property
     def primary(self) -> str:
@@ -134,6 +137,7 @@ class Run:
             "batch_stream": STREAM_VERSION,
             "provenance": provenance.record(self.device),   # code version and machine
             "conv_impl": self.conv,   # the convolution path that ran (builders.conv_path)
+            "optimizer_impl": None if self.optimizer_impl is None else optimizer_step.public(self.optimizer_impl),
             **extra,
         }
         if "val" not in self.eval_splits:

@@ -24,6 +24,7 @@ from lpmetrics.data.stream import BatchStream
 from lpmetrics.objectives.base import draws_batches
 from lpmetrics.run.builders import autocast_dtype, resolve_device
 from lpmetrics.run.guards import NonFiniteLossError, nonfinite_message
+from lpmetrics.run.optimizer_step import build_step
 from lpmetrics.run.prepare import prepare_run
 from lpmetrics.run.rng import set_rng_state
 from lpmetrics.run.timer import Timer
@@ -62,6 +63,8 @@ def train(cfg: DictConfig, run_dir: Path, choices: dict[str, str] | None = None)
         timer.samples = ckpt["timings"]
         set_rng_state(ckpt["rng"])
         run.ckpt_step = step
+    # after the state is loaded: a compiled step sees the tensors it will update
+    step_optimizer, run.optimizer_impl = build_step(optimizer, cfg.trainer.optimizer_impl)
 
     def diverged(what: str) -> NonFiniteLossError:
         return NonFiniteLossError(nonfinite_message(
@@ -106,7 +109,7 @@ def train(cfg: DictConfig, run_dir: Path, choices: dict[str, str] | None = None)
             if cfg.trainer.max_grad_norm:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.trainer.max_grad_norm)
             timer.lap("backward")
-            optimizer.step()
+            step_optimizer()
             scheduler.step()
             objective.on_step_end(step=step, model=model, optimizer=optimizer, batch=(x, y), **hook_kwargs)
             timer.lap("optimizer")

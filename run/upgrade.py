@@ -35,6 +35,7 @@ ADDED_DEFAULTS = {
     "dataset.normalize": "per_channel",  # per-image option; before it: per channel
     "scheduler.stages": None,            # stage schedule option; before it: milestones
     "model.conv_impl": "stock",          # GEMM convolution option; before it: torchvision's modules
+    "trainer.optimizer_impl": "eager",   # compiled optimizer step option; before it: the eager step
 }
 
 

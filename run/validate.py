@@ -9,6 +9,7 @@ Each failure is a :class:`ConfigError` whose message names the key, the value an
 * ``trainer.max_steps``, ``eval_every``, ``batch_size``, ``eval_batch_size``, ``log_every`` are
   integers >= 1 (0 used to fail late with ``IndexError`` / ``ZeroDivisionError``);
   ``trainer.max_grad_norm`` is null or finite > 0; ``trainer.eval_bn`` is eval or train; ``trainer.precision`` fp32 or bf16;
+  ``trainer.optimizer_impl`` eager or compiled (compiled: on a CPU only);
   ``model.conv_impl`` (where the model has it) stock, gemm, mixed or auto;
   ``trainer.checkpoints`` and ``trainer.trust_checkpoint`` booleans;
   ``trainer.init_from`` names an existing file; ``optimizer.lr`` is finite and >= 0;
@@ -38,6 +39,7 @@ from lpmetrics.data.build import KEYS as DATASET_KEYS
 from lpmetrics.errors import ConfigError
 from lpmetrics.models.resnet import CONV_IMPLS
 from lpmetrics.run.builders import resolve_device
+from lpmetrics.run.optimizer_step import IMPLS as OPTIMIZER_IMPLS
 from lpmetrics.run.schedule import StageDecayLR
 
 TASKS = ("binary", "multiclass")
@@ -51,7 +53,8 @@ PRECISIONS = ("fp32", "bf16")
 REQUIRED = {
     "": ("seed", "device", "resume"),
     "trainer": ("max_steps", "batch_size", "eval_every", "eval_batch_size", "eval_bn", "bntrain_batch_size",
-                "log_every", "max_grad_norm", "init_from", "trust_checkpoint", "precision", "checkpoints"),
+                "log_every", "max_grad_norm", "init_from", "trust_checkpoint", "precision", "checkpoints",
+                "optimizer_impl"),
     "scheduler": ("milestones", "gamma", "stages"),
     "dataset": DATASET_KEYS,
 }
@@ -168,6 +171,9 @@ def static_problems(cfg: DictConfig) -> list[str]:
     if trainer.precision not in PRECISIONS:
         problems.append(f"trainer.precision={trainer.precision!r} must be one of "
                         f"{', '.join(PRECISIONS)} (bf16: the model under torch.autocast)")
+    if trainer.optimizer_impl not in OPTIMIZER_IMPLS:
+        problems.append(f"trainer.optimizer_impl={trainer.optimizer_impl!r} must be one of "
+                        f"{', '.join(OPTIMIZER_IMPLS)} (compiled: the optimizer's step through torch.compile)")
     conv_impl = OmegaConf.select(cfg, "model.conv_impl")
     if conv_impl is not None and conv_impl not in CONV_IMPLS:
         problems.append(f"model.conv_impl={conv_impl!r} must be one of {', '.join(CONV_IMPLS)} (stock: "
@@ -233,6 +239,9 @@ def validate(cfg: DictConfig, bundle=None) -> None:
         if OmegaConf.select(cfg, "model.conv_impl") == "mixed" and device.type != "cpu":
             problems.append(f"model.conv_impl=mixed is a CPU path (oneDNN's direct kernel beside GEMMs); "
                             f"on {device.type} use stock or auto")
+        if cfg.trainer.optimizer_impl == "compiled" and device.type != "cpu":
+            problems.append(f"trainer.optimizer_impl=compiled is tested on CPUs only (inductor's C++ loops); "
+                            f"on {device.type} use eager")
     if problems:
         head = "invalid config: " if len(problems) == 1 else f"invalid config ({len(problems)} problems):\n  - "
         raise ConfigError(head + "\n  - ".join(problems))

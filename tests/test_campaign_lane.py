@@ -233,6 +233,23 @@ def test_a_resumed_run_keeps_its_convolution_path(tmp_path, model, expected):
     assert lane.conv_override({"key": "k"}, ROOT, run, resume=True, extra=["model.conv_impl=stock"]) == []
 
 
+@pytest.mark.parametrize("trainer, expected", [
+    ({"max_steps": 40000}, ["trainer.optimizer_impl=eager"]),        # begun before the key
+    ({"optimizer_impl": "compiled"}, ["trainer.optimizer_impl=compiled"]),
+    ({"optimizer_impl": "eager"}, ["trainer.optimizer_impl=eager"]),
+])
+def test_a_resumed_run_keeps_its_optimizer_step_and_a_new_one_is_compiled(tmp_path, trainer, expected):
+    run = lane.LaneRun(tmp_path / "run")
+    (run.folder / ".hydra").mkdir(parents=True)
+    (run.folder / ".hydra" / "config.yaml").write_text(json.dumps({"trainer": trainer}))
+    assert lane.optimizer_override({"key": "k"}, ROOT, run, resume=True, extra=[]) == expected
+    assert lane.optimizer_override({"key": "k"}, ROOT, run, resume=False, extra=[]) == \
+        ["trainer.optimizer_impl=compiled"]
+    for pinned in ({"key": "k", "overrides": ["trainer.optimizer_impl=eager"]}, {"key": "k"}):
+        sets = [] if pinned.get("overrides") else ["trainer.optimizer_impl=eager"]
+        assert lane.optimizer_override(pinned, ROOT, run, resume=False, extra=sets) == []
+
+
 def test_fold_cpu_records_a_diverged_entry_once(queue_dir, tmp_path):
     from scripts.campaign import fold as campaign_fold
     camp = tmp_path / "campaign"
@@ -306,6 +323,7 @@ def test_a_started_study_run_resumes_and_a_locked_one_is_not_run_twice(digits_st
         return [sys.executable, "-c", "pass"]
     monkeypatch.setattr(lane, "train_command", command)
     monkeypatch.setattr(lane, "conv_override", lambda *a, **k: [])
+    monkeypatch.setattr(lane, "optimizer_override", lambda *a, **k: [])
     sup = lane.Lane(lane_dir, camp, jobs=2, log=lambda m: None)
     sup.fill(ROOT, "0" * 40)
     assert calls == [("prec/ce_bf16", True, begun.folder),

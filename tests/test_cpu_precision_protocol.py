@@ -162,7 +162,8 @@ def test_a_lane_set_does_not_override_what_a_study_line_pins(tmp_path, monkeypat
             assert cfg.model.conv_impl == impl and cfg.trainer.log_every == 7
     assert any("left out --set model.conv_impl=stock: its study line sets that key" in m for m in log)
     info = json.loads((lane.run_folder(tmp_path / "lane", twin["key"]) / "lane.json").read_text())
-    assert info["segments"][-1]["overrides"] == ["trainer.log_every=7"]   # what it ran with, recorded
+    # what it ran with, recorded (a new lane run's optimizer step is compiled: lane.optimizer_override)
+    assert info["segments"][-1]["overrides"] == ["trainer.log_every=7", "trainer.optimizer_impl=compiled"]
     assert lane.study_extra(twin, sets) == (["trainer.log_every=7"], ["model.conv_impl=stock"])
     assert lane.study_extra(base, sets) == (sets, [])
 

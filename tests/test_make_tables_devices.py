@@ -74,3 +74,16 @@ def test_conv_impl_is_no_part_of_a_protocol():
     with_gemm["model"]["conv_impl"] = "gemm"
     assert make_tables.protocol(with_gemm) == make_tables.protocol(config)
     assert "model.conv_impl" in make_tables.IGNORED
+
+
+def test_a_compiled_optimizer_step_is_named_and_no_part_of_a_protocol(tmp_path, capsys):
+    ran_on(fake_run(tmp_path / "eager", seed=0), "cpu", EPYC,
+           optimizer_impl={"requested": "eager", "impl": "eager", "optimizer": "SGD"})
+    ran_on(fake_run(tmp_path / "compiled", seed=1), "cpu", EPYC,
+           optimizer_impl={"requested": "compiled", "impl": "compiled", "optimizer": "SGD"})
+    lines = markdown(capsys, tmp_path)
+    assert any(line.startswith("| auc_lp |") and "(n=2)" in line for line in lines)
+    assert lines[-1] == ("runs not on a GPU in fp32 (device, precision): cpu fp32 + cpu fp32, compiled "
+                         f"optimizer step: every cell (models: cpu {EPYC}).")
+    config = {"seed": 0, "trainer": {"max_steps": 40000, "optimizer_impl": "compiled"}}
+    assert make_tables.protocol(config) == make_tables.protocol({"seed": 0, "trainer": {"max_steps": 40000}})

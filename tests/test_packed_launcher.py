@@ -108,6 +108,12 @@ def test_resume_is_refused_with_a_hint(compose_cfg, tmp_path):
     assert isinstance(outcome, Exception) and "train.py resume=true" in str(outcome)
 
 
+def test_a_compiled_optimizer_step_is_refused_with_a_hint(compose_cfg, tmp_path):
+    (outcome,) = train_packed([Job(compose_cfg(["dataset=digits", "trainer.optimizer_impl=compiled"]),
+                                   tmp_path, name="c")])
+    assert isinstance(outcome, Exception) and "set trainer.optimizer_impl=eager" in str(outcome)
+
+
 @pytest.mark.data
 def test_cifar10_packed_first_step_equals_train_py(compose_cfg, data_root, tmp_path, monkeypatch):
     """CIFAR-10 / ResNet-18 with augmentation, two steps with an evaluation between them;

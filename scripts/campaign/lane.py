@@ -30,7 +30,10 @@ nothing); one training per queue entry (``runs/<key>/.lock``, held by the traini
 itself, so a lane that dies leaves its trainings locked until they end). Every training runs
 the committed code of the commit the lane started from (a ``git worktree`` under ``code/``), so
 edits in the checkout never reach a running training. Before a run starts its entry must still
-compose to its queued protocol (else it is refused with its key); a run folder whose
+compose to its queued protocol (else it is refused with its key). Speed options that define no
+protocol are pinned per run so a run keeps one path to its end: a new run gets the convolution
+path ``auto`` chooses here (:func:`conv_override`) and the compiled optimizer step
+(:func:`optimizer_override`), a resumed one what its config names. A run folder whose
 ``lane.json`` names another protocol than its entry's is neither resumed nor folded. A finished
 run is folded into ``results/paper_tables/`` by :func:`scripts.campaign.fold.fold_cpu` (its
 ``results.json`` protocol hash equal to the entry's), with the launch commits and the fold commit
@@ -384,6 +387,24 @@ def conv_override(entry: dict, code: Path, run: LaneRun, resume: bool, extra: li
     return [f"model.conv_impl={record['impl']}"]
 
 
+def optimizer_override(entry: dict, code: Path, run: LaneRun, resume: bool, extra: list[str]) -> list[str]:
+    """``trainer.optimizer_impl=<form>`` that keeps a run on one optimizer step to its end, or
+    nothing (the code has no such key, or the run's line or ``--set`` names it). A new run gets
+    ``compiled`` (:mod:`lpmetrics.run.optimizer_step`: the step's elementwise passes fused by
+    ``torch.compile``; a lane run is hours long, its compiles take seconds); a resumed run keeps
+    the form its config names (none: it began before the key existed, eagerly). Like the
+    convolution path, no part of a protocol (``make_tables.IGNORED``)."""
+    if any(s.startswith("trainer.optimizer_impl=") for s in [*entry.get("overrides", []), *extra]) or \
+            "optimizer_impl" not in (code / "configs" / "config.yaml").read_text():
+        return []
+    if not resume:
+        return ["trainer.optimizer_impl=compiled"]
+    from omegaconf import OmegaConf
+    saved = run.folder / ".hydra" / "config.yaml"
+    form = OmegaConf.select(OmegaConf.load(saved), "trainer.optimizer_impl") if saved.is_file() else None
+    return [f"trainer.optimizer_impl={form or 'eager'}"]
+
+
 #: glibc malloc settings for the trainings: serve every allocation from the heap and never give it
 #: back, so a step's large temporaries (im2col patches, full-size gradients of the dropped taps)
 #: reuse pages instead of mapping fresh ones that fault on first touch (fp32 32 px GEMM step,
@@ -459,7 +480,8 @@ class Lane:
         if left_out:
             self.log(f"lane: {entry['key']}: left out --set {' '.join(left_out)}: its study line sets "
                      "that key (a study run keeps its line's values)")
-        extra = [*sets, *conv_override(entry, code, run, resume, sets, self.log)]
+        extra = [*sets, *conv_override(entry, code, run, resume, sets, self.log),
+                 *optimizer_override(entry, code, run, resume, sets)]
         run.info.setdefault("segments", []).append(
             {"commit": commit, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
              "resumed_from_step": step if resume else 0, "overrides": extra})

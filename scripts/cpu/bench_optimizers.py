@@ -12,13 +12,12 @@ alike; it prints each one's median ms and its ratio to ``torch.optim.SGD``'s, as
 fixed random tensors (the step's cost does not depend on their values); stages are made longer
 than the run, so no stage end (averaging) is timed.
 
-``--compiled`` adds what ``torch.compile`` (inductor's C++ code, a C++ compiler needed) would give:
-``torch.optim.SGD``'s ``step`` compiled, and each PPD update (the per-parameter arithmetic of
-:mod:`baselines.ppd_optim`'s ``_update`` plus the stage sum, written out once for all
-parameters, the stage's numbers passed as 0-d tensors so a new stage's lr compiles nothing new)
-compiled into fused loops; per form the compile time of its first call and the largest
-parameter difference to the eager optimizer after one step from equal states (rounding: the fused
-loops need not round as the eager passes do). A measurement of the lever, not a run option.
+``--compiled`` adds the same steps as ``trainer.optimizer_impl=compiled`` runs them
+(:mod:`lpmetrics.run.optimizer_step`: ``torch.optim.SGD``'s ``step`` through ``torch.compile``,
+the PPD optimizers' own ``compiled_step``, their arithmetic written out once for all parameters
+of a group), inductor's C++ code, a C++ compiler needed; per form the compile time of its first
+call and the largest parameter difference to the eager optimizer after one step from equal states
+(rounding: the fused loops need not round as the eager passes do).
 """
 from __future__ import annotations
 
@@ -30,6 +29,7 @@ import torch
 from torchvision.models import resnet18
 
 from lpmetrics.baselines.ppd_optim import PPDAdaGrad, PPDSG
+from lpmetrics.run.optimizer_step import build_step
 from scripts.cpu import quiet
 
 OPTIMIZERS = {   # name -> (class, keywords): the campaign's optimizers at their configs' values
@@ -60,25 +60,10 @@ def measure(rounds: int) -> tuple[dict[str, float], int]:
     return {name: statistics.median(t) * 1e3 for name, t in times.items()}, weights
 
 
-def _ppd_update(adagrad: bool):
-    """The PPD step's arithmetic on lists of tensors (``baselines.ppd_optim``: ``_update`` for a
-    descent group, then ``state["sum"] += p``), for ``torch.compile`` to fuse."""
-    def update(ps, gs, refs, sums, sqs, eta, gamma, c):
-        for i, (p, g, ref, total) in enumerate(zip(ps, gs, refs, sums)):
-            if adagrad:
-                sq = sqs[i] + g * g
-                sqs[i].copy_(sq)
-                new = p - eta * ((p - ref) / gamma + g) / (torch.sqrt(sq) + c)
-            else:
-                new = p - eta * (g + (p - ref) / gamma)
-            p.copy_(new)
-            total.add_(new)
-    return update
-
-
 def measure_compiled(rounds: int) -> dict[str, tuple[float, float, float, float]]:
     """Per optimizer: (eager ms, compiled ms, seconds to compile, max |parameter difference| after
-    one step from equal states), timed interleaved over ``rounds`` rounds."""
+    one step from equal states), timed interleaved over ``rounds`` rounds. The compiled step is
+    the run option's (``trainer.optimizer_impl=compiled``: :func:`lpmetrics.run.optimizer_step.build_step`)."""
     out = {}
     for name, (cls, kw) in OPTIMIZERS.items():
         models = []
@@ -91,25 +76,14 @@ def measure_compiled(rounds: int) -> dict[str, tuple[float, float, float, float]
         eager, twin = (cls(m.parameters(), **kw) for m in models)
         for opt in (eager, twin):
             opt.step()   # states exist (and are equal) before the compiled form takes over
-        params = list(models[1].parameters())
-        if name == "sgd":
-            fast = torch.compile(twin.step)
-        else:
-            group, state = twin.param_groups[0], [twin.state[p] for p in params]
-            fn = torch.compile(_ppd_update(name == "ppd_adagrad"), dynamic=False)
-            numbers = [torch.tensor(group["lr"]), torch.tensor(group["gamma"]),
-                       torch.tensor(group.get("delta", 0.0) + group["lr"] / group["gamma"])]
-            grads, refs, sums = [p.grad for p in params], [s["ref"] for s in state], [s["sum"] for s in state]
-            sqs = [s["sq_sum"] for s in state] if name == "ppd_adagrad" else []
-
-            def fast(fn=fn, grads=grads, refs=refs, sums=sums, sqs=sqs, numbers=numbers):
-                with torch.no_grad():
-                    fn(params, grads, refs, sums, sqs, *numbers)
+        fast, record = build_step(twin, "compiled")
+        if record["impl"] != "compiled":
+            raise RuntimeError(f"{name}: the compiled step fell back to eager: {record.get('fallback')}")
         start = time.perf_counter()
         fast()
         compile_s = time.perf_counter() - start
         eager.step()
-        gap = max((a - b).abs().max().item() for a, b in zip(models[0].parameters(), params))
+        gap = max((a - b).abs().max().item() for a, b in zip(models[0].parameters(), models[1].parameters()))
         times = {"eager": [], "compiled": []}
         for _ in range(rounds):
             for form, fn_ in (("eager", eager.step), ("compiled", fast)):

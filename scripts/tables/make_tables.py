@@ -61,8 +61,9 @@ Rules
 7. Where a run ran (device, precision, the convolutions of its step) is no part of a protocol:
    a CPU run and a GPU run of one protocol share a cell. Under the table a footnote names, per
    cell, the devices and precisions of its runs wherever one of them is not a GPU in fp32
-   (results.json ``device``, ``provenance.device_name``, ``trainer.precision`` and the ``conv``
-   record of ``model.conv_impl``); a table of GPU fp32 runs has no such line.
+   (results.json ``device``, ``provenance.device_name``, ``trainer.precision``, the ``conv``
+   record of ``model.conv_impl`` and a compiled optimizer step, ``trainer.optimizer_impl``); a
+   table of GPU fp32 runs has no such line.
 """
 from __future__ import annotations
 
@@ -95,6 +96,7 @@ IGNORED = (  # config keys (and their sub-keys) that never define a protocol
     "trainer.bntrain_batch_size",   # the extra BN-train test evaluation (read with --bn train)
     "trainer.trust_checkpoint",     # whether an old pickled checkpoint may be loaded (not what it trains)
     "model.conv_impl",          # torchvision's convolutions or the same network's as GEMMs: one model
+    "trainer.optimizer_impl",   # the optimizer's eager step or the same step compiled: one update rule
 )
 COLUMN_PREFIXES = ("dataset.", "model.")  # may differ between columns, not inside one
 LR_KEY = "optimizer.lr"
@@ -231,14 +233,18 @@ def run_setup(res: dict, cfg: dict) -> tuple[str, bool]:
     ``("cpu bf16, gemm convolutions", False)``. The plain case is a GPU in fp32 with torchvision's
     convolutions; a run that did not record its device counts as plain (nothing to say). Read
     from results.json: ``device`` (cpu, cuda, ...), the config's ``trainer.precision`` and the
-    ``conv_impl`` record (:func:`step_record`). None of these is part of a protocol (IGNORED): a CPU
+    ``conv_impl`` record (:func:`step_record`), and the ``optimizer_impl`` record where the step was
+    compiled (``trainer.optimizer_impl``). None of these is part of a protocol (IGNORED): a CPU
     and a GPU run of one protocol share a cell, and the table's footnote names the mix
     (:func:`setups`)."""
     device = res.get("device")
     conv, recorded = step_record(res, cfg)
     precision = recorded or str(cfg.get("trainer.precision", "fp32"))
+    stepped = res.get("optimizer_impl")
+    compiled = isinstance(stepped, dict) and stepped.get("impl") == "compiled"
     text = ((str(device).split(":")[0] if device else "device unrecorded") + f" {precision}"
-            + ("" if conv in PLAIN_CONV else f", {conv} convolutions"))
+            + ("" if conv in PLAIN_CONV else f", {conv} convolutions")
+            + (", compiled optimizer step" if compiled else ""))
     plain = not device or (str(device).startswith("cuda") and precision == "fp32" and conv in PLAIN_CONV)
     return text, plain
 
