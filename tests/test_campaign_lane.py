@@ -187,6 +187,26 @@ def test_a_second_start_runs_nothing_twice(digits_lane, capsys):
         assert started == ["digits_nk0.1_auc_lp_lr0.1_s0"]
 
 
+def test_entries_are_checked_against_the_snapshots_configs_not_the_checkouts(digits_lane, tmp_path):
+    """A lane composes with the configs of the code it trains (its snapshot): a key committed in
+    the checkout while it runs refuses nothing, and a snapshot whose configs differ from the
+    queue's is refused, whatever the checkout holds."""
+    camp, lane_dir = digits_lane
+    code = tmp_path / "snapshot"
+    shutil.copytree(ROOT / "configs", code / "configs")
+    for configs, refused in ((ROOT / "configs", False), (code / "configs", True)):
+        if refused:
+            with open(configs / "config.yaml", "a") as fh:
+                fh.write("\nkey_of_another_commit: 1\n")
+        sup = lane.Lane(lane_dir, camp, jobs=1, log=lambda m: None)
+        started = []
+        sup.start_run = lambda entry, code, commit: started.append(entry["key"])
+        sup.fill(configs.parent, "0" * 40)
+        assert bool(sup.refused) == refused and (started == []) == refused, sup.refused
+        if refused:
+            assert all("composes to another protocol" in why for why in sup.refused.values())
+
+
 def test_refusals_another_protocol_a_gpu_and_a_foreign_results(digits_lane, monkeypatch, capsys):
     camp, lane_dir = digits_lane
     key = "digits_nk0.1_ce_lr0.1_s0"

@@ -40,9 +40,10 @@ def jobs(axes: dict[str, list], fixed: dict | None = None) -> list[dict]:
 
 
 @contextlib.contextmanager
-def composer() -> Iterator[Callable[..., object]]:
+def composer(configs: Path | None = None) -> Iterator[Callable[..., object]]:
     """``compose(overrides, experiment=None, hydra=False)`` inside one Hydra initialisation
-    (initialising costs as much as a compose; a queue composes hundreds of jobs)."""
+    (initialising costs as much as a compose; a queue composes hundreds of jobs), from
+    ``configs`` (default: this checkout's ``configs/``)."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     GlobalHydra.instance().clear()   # a caller's (or a test's) earlier initialisation
@@ -51,7 +52,7 @@ def composer() -> Iterator[Callable[..., object]]:
         pre = [f"experiment={experiment}"] if experiment else []
         return compose("config", overrides=[*pre, *overrides], return_hydra_config=hydra)
     try:
-        with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        with initialize_config_dir(config_dir=str(configs or ROOT / "configs"), version_base="1.3"):
             yield _compose
     finally:
         GlobalHydra.instance().clear()

@@ -30,7 +30,7 @@ nothing); one training per queue entry (``runs/<key>/.lock``, held by the traini
 itself, so a lane that dies leaves its trainings locked until they end). Every training runs
 the committed code of the commit the lane started from (a ``git worktree`` under ``code/``), so
 edits in the checkout never reach a running training. Before a run starts its entry must still
-compose to its queued protocol (else it is refused with its key). Speed options that define no
+compose, from that snapshot's configs, to its queued protocol (else it is refused with its key). Speed options that define no
 protocol are pinned per run so a run keeps one path to its end: a new run gets the convolution
 path ``auto`` chooses here (:func:`conv_override`) and the compiled optimizer step
 (:func:`optimizer_override`), a resumed one what its config names. A run folder whose
@@ -521,7 +521,10 @@ class Lane:
         free = self.jobs - len(self.children)
         if free <= 0 or self.stopping:
             return
-        with composer() as compose:
+        # the snapshot's configs, not the checkout's: an entry is checked against the code that
+        # would train it, so a config key committed while the lane runs refuses nothing (its
+        # trainings, and these checks, see it from the next start on)
+        with composer(code / "configs") as compose:
             for entry in self.candidates():
                 if free <= 0:
                     break
