@@ -442,6 +442,26 @@ def test_a_killed_study_run_resumes_to_the_uninterrupted_metrics(digits_study, t
     assert (run.folder / "metrics.csv").read_text() == (ref / "metrics.csv").read_text()
 
 
+def test_a_resumed_segment_starts_at_its_checkpoints_step_not_the_bars_last(digits_lane, monkeypatch):
+    """The training stopped at step 1,520 of its bar resumes from its checkpoint at 1,000 (the last
+    metrics row): the segment records 1,000, so its s/step counts the 520 steps trained again."""
+    camp, lane_dir = digits_lane
+    key = "digits_nk0.1_ce_lr0.1_s0"
+    run = lane.LaneRun.of(lane_dir, key)
+    run.folder.mkdir(parents=True)
+    (run.folder / "last.pt").write_bytes(b"a checkpoint")
+    (run.folder / "metrics.csv").write_text("step,val_auc\n500,0.6\n1000,0.7\n")
+    (run.folder / "train.log").write_text("=== header\ntrain:  19%| | 1520/8000 [02:00<26:00,  4.17it/s]\r")
+    monkeypatch.setattr(lane, "train_command", lambda *a: [sys.executable, "-c", "pass"])
+    monkeypatch.setattr(lane, "conv_override", lambda *a, **k: [])
+    sup = lane.Lane(lane_dir, camp, jobs=1, log=lambda m: None)
+    sup.queue = campaign_queue.load(camp)[0]
+    entry = next(e for e in sup.queue["entries"] if e["key"] == key)
+    sup.start_run(entry, ROOT, "0" * 40)
+    sup.children.pop(key).wait()
+    assert json.loads((run.folder / "lane.json").read_text())["segments"][-1]["resumed_from_step"] == 1000
+
+
 def test_status_rate_is_the_segments_mean_not_the_bars_moving_average(tmp_path):
     """A resumed segment's bar starts at its resume step; after a pause the bar's own rate is
     inflated, while the mean since the segment began (what an ETA needs) is elapsed / steps."""
@@ -470,6 +490,20 @@ def test_status_rate_is_the_segments_mean_not_the_bars_moving_average(tmp_path):
 ])
 def test_status_names_each_runs_convolution_path(info, results, expected):
     assert lane.conv_path(info, results) == expected
+
+
+@pytest.mark.parametrize("info, results, expected", [
+    ({}, None, "-"),                                                                 # queued
+    ({"segments": [{"overrides": ["trainer.optimizer_impl=eager"]},
+                   {"overrides": ["model.conv_impl=mixed", "trainer.optimizer_impl=compiled"]}]},
+     None, "compiled"),                                                              # latest segment
+    ({"segments": [{"overrides": ["model.conv_impl=mixed"]}]}, None, "-"),            # begun before the key
+    ({"segments": [{"overrides": ["trainer.optimizer_impl=compiled"]}]},
+     {"optimizer_impl": {"requested": "compiled", "impl": "eager", "fallback": "no compiler"}}, "eager"),
+])
+def test_status_names_each_runs_optimizer_step(info, results, expected):
+    assert lane.optimizer_form(info, results) == expected
+
 
 
 def test_held_lists_the_begun_unfolded_queue_runs_for_a_windows_exclude(digits_study, capsys):

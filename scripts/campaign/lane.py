@@ -469,7 +469,10 @@ class Lane:
     def start_run(self, entry: dict, code: Path, commit: str) -> None:
         run = LaneRun.of(self.dir, entry["key"])
         resume = run.has_checkpoint()
-        step, _ = run.progress() if resume else (None, None)
+        # the step the training resumes from: its checkpoint's, written with the last metrics row at
+        # every evaluation (the bar's last step, further on, would make the segment's s/step too long)
+        rows = run.rows() if resume else []
+        step = int(float(rows[-1]["step"])) if rows and rows[-1].get("step") else (run.progress()[0] if resume else None)
         run.info.update(key=entry["key"], config_sha=entry["config_sha"], queue_version=self.queue["version"],
                         steps=entry["steps"], **({"study": entry["study"], "base": entry["base"]}
                                                  if entry.get("study") else {}))
@@ -651,15 +654,16 @@ def fold_finished(lane_dir: Path, campaign_dir: Path, log=print) -> list[str]:
 
 
 def status_lines(lane_dir: Path, campaign_dir: Path, studies=None) -> list[str]:
-    """Per run the lane holds or will train (in its order): state, step, val AUC, s/step, ETA and
-    its convolution path (:func:`conv_path`)."""
+    """Per run the lane holds or will train (in its order): state, step, val AUC, s/step, ETA, its
+    convolution path (:func:`conv_path`) and optimizer step (:func:`optimizer_form`)."""
     queue, ledger = campaign_queue.load(campaign_dir)
     order = lane_order(queue, ledger, campaign_dir, lane_dir, studies=STUDIES if studies is None else studies)
     keys = [e["key"] for e in order]
     seen = sorted(p.name for p in (lane_dir / "runs").glob("*/"))
     seen += sorted(f"{p.parent.name}/{p.name}" for p in (lane_dir / "studies").glob("*/*/"))
     lines = [f"lane {lane_dir}: {lane_holder(lane_dir) or 'not running'}"]
-    lines.append(f"{'run':38} {'state':9} {'step':>11} {'val_auc':>8} {'best':>6} {'s/step':>6} {'ETA':>7}  conv")
+    lines.append(f"{'run':38} {'state':9} {'step':>11} {'val_auc':>8} {'best':>6} {'s/step':>6} {'ETA':>7}  "
+                 f"{'conv':10} optimizer")
     for key in dict.fromkeys([*seen, *keys]):
         run = LaneRun.of(lane_dir, key)
         res, rows = run.results(), run.rows()
@@ -676,7 +680,8 @@ def status_lines(lane_dir: Path, campaign_dir: Path, studies=None) -> list[str]:
         eta = "" if state != "training" or not rate or step is None else f"{(steps - step) * rate / 3600:.1f}h"
         lines.append(f"{key:38} {state:9} {(f'{step}/{steps}' if step is not None else '-'):>11} "
                      f"{(f'{vals[-1]:.4f}' if vals else '-'):>8} {(f'{max(vals):.4f}' if vals else '-'):>6} "
-                     f"{(f'{rate:.2f}' if rate else '-'):>6} {eta:>7}  {conv_path(run.info, res)}")
+                     f"{(f'{rate:.2f}' if rate else '-'):>6} {eta:>7}  {conv_path(run.info, res):10} "
+                     f"{optimizer_form(run.info, res)}")
     return lines
 
 
@@ -693,6 +698,17 @@ def conv_path(info: dict, results: dict | None) -> str:
     overrides = ((info.get("segments") or [{}])[-1]).get("overrides") or []
     impl = next((o.split("=", 1)[1] for o in overrides if o.startswith("model.conv_impl=")), None)
     return impl or "-"
+
+
+def optimizer_form(info: dict, results: dict | None) -> str:
+    """The optimizer step a run trains with (``trainer.optimizer_impl``, eager or compiled): what
+    its ``results.json`` records as run once finished, else what its latest segment was started
+    with; ``-`` where neither says (not yet started, or begun before the key: eager)."""
+    record = (results or {}).get("optimizer_impl")
+    if isinstance(record, dict) and record.get("impl"):
+        return record["impl"]
+    overrides = ((info.get("segments") or [{}])[-1]).get("overrides") or []
+    return next((o.split("=", 1)[1] for o in overrides if o.startswith("trainer.optimizer_impl=")), "-")
 
 
 def held_keys(lane_dir: Path, campaign_dir: Path) -> list[str]:
