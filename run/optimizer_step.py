@@ -12,7 +12,8 @@ ResNet-18's PPD-AdaGrad step took 98.7 ms eager against 29.8 compiled
 
 The two forms agree to rounding, not bit for bit (the fused loops do not round as the eager
 passes do), so like the convolution path the choice is no part of a run's protocol, is recorded
-in ``results.json`` (``optimizer_impl``: what was asked, what ran, why, seconds spent compiling)
+in ``results.json`` (``optimizer_impl``: what was asked, what ran, why, seconds spent compiling
+by the launch that wrote it; a resumed run compiles again)
 and may not change on resume. A compiled form that fails (no C++ compiler, an operation the
 compiler refuses) falls back to the eager step for the rest of the run, with a warning and the
 reason in the record; compilation fails before the step runs, so nothing is half-updated.
