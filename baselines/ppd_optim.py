@@ -191,20 +191,25 @@ class _StagewiseProximalPrimalDual(Optimizer):
         group's first step (its state is made then), a parameter without a gradient and the stage
         end (averaging) stay eager, as does everything on the host (the stage clock).
 
+        Returns the step function; it returns ``None``, or the error of a group's compiled call
+        after which it stepped that group and every later one eagerly (so far and from then on:
+        no group is stepped twice; :func:`lpmetrics.run.optimizer_step.build_step` records it).
+
         The compiled loops need not round as the eager passes do (a fused multiply-add, another
         order of operations): the two forms agree to rounding, not bit for bit; each is
         deterministic, so a run resumed on the form it began with repeats itself.
         """
         kernel = (compile_fn or torch.compile)(type(self)._fused_descent, dynamic=False)
         numbers: dict[int, list[torch.Tensor]] = {}
+        failed: list[Exception] = []
 
         @torch.no_grad()
-        def step() -> None:
+        def step() -> Exception | None:
             self.stage_ended = False
             for index, group in enumerate(self.param_groups):
                 params = group["params"]
-                if group["ascent"] or not params or any(p.grad is None or "ref" not in self.state[p]
-                                                        for p in params):
+                if failed or group["ascent"] or not params or any(p.grad is None or "ref" not in self.state[p]
+                                                                  for p in params):
                     self._step_group(group)
                     continue
                 values = self._fused_numbers(group)
@@ -215,10 +220,15 @@ class _StagewiseProximalPrimalDual(Optimizer):
                 for tensor, value in zip(held, values):
                     tensor.fill_(value)
                 states = [self.state[p] for p in params]
-                kernel(params, [p.grad for p in params], [s["ref"] for s in states],
-                       [s["sum"] for s in states], [s.get("sq_sum") for s in states],
-                       *held, bool(group["weight_decay"]))
+                try:
+                    kernel(params, [p.grad for p in params], [s["ref"] for s in states],
+                           [s["sum"] for s in states], [s.get("sq_sum") for s in states],
+                           *held, bool(group["weight_decay"]))
+                except Exception as err:   # noqa: BLE001 -- a compile error: nothing was written yet;
+                    failed.append(err)       # this group and the rest step eagerly, now and after
+                    self._step_group(group)
             self._advance()
+            return failed[0] if failed else None
 
         return step
 

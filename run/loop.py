@@ -64,7 +64,9 @@ def train(cfg: DictConfig, run_dir: Path, choices: dict[str, str] | None = None)
         set_rng_state(ckpt["rng"])
         run.ckpt_step = step
     # after the state is loaded: a compiled step sees the tensors it will update
-    step_optimizer, run.optimizer_impl = build_step(optimizer, cfg.trainer.optimizer_impl)
+    step_optimizer, run.optimizer_impl = build_step(
+        optimizer, cfg.trainer.optimizer_impl, earlier=[la.get("optimizer_impl") for la in run.launches[:-1]])
+    run.launches[-1]["optimizer_impl"] = run.optimizer_impl   # the same dict: checkpointed as it changes
 
     def diverged(what: str) -> NonFiniteLossError:
         return NonFiniteLossError(nonfinite_message(

@@ -2,7 +2,9 @@
 
 ``eager`` is the optimizer's own ``step()``. ``compiled`` is the same step with its elementwise
 arithmetic compiled by ``torch.compile`` (inductor: fused C++ loops on a CPU, a C++ compiler
-needed): an optimizer that knows a compiled form of its own gives it (``compiled_step()``, e.g.
+needed): an optimizer that knows a compiled form of its own gives it (``compiled_step(compile_fn)``
+returning a step function that returns ``None``, or the error after which it finished that step
+eagerly; e.g.
 :meth:`lpmetrics.baselines.ppd_optim.PPDSG.compiled_step`, which keeps its stage logic eager and
 its numbers in 0-d tensors); any other optimizer's ``step`` is compiled whole (``torch.optim.SGD``:
 a new lr compiles once more, a handful of times per run). The eager step is a chain of passes
@@ -16,7 +18,11 @@ in ``results.json`` (``optimizer_impl``: what was asked, what ran, why, seconds 
 by the launch that wrote it; a resumed run compiles again)
 and may not change on resume. A compiled form that fails (no C++ compiler, an operation the
 compiler refuses) falls back to the eager step for the rest of the run, with a warning and the
-reason in the record; compilation fails before the step runs, so nothing is half-updated.
+reason in the record. A compiled function fails before it writes anything, so a single compiled
+call that fails is followed by the eager step; an optimizer's own form that compiles one function
+per parameter group finishes a step whose later group fails eagerly itself, so no group is
+stepped twice. Once a launch fell back, the run's later launches step eagerly too. Dynamo's own
+silent fallbacks (a recompile limit) are not detected.
 """
 from __future__ import annotations
 
@@ -29,14 +35,19 @@ import torch
 IMPLS = ("eager", "compiled")
 
 
-def build_step(optimizer: torch.optim.Optimizer, impl: str,
-               compile_fn: Callable | None = None) -> tuple[Callable[[], None], dict]:
+def build_step(optimizer: torch.optim.Optimizer, impl: str, compile_fn: Callable | None = None,
+               earlier: list[dict] = ()) -> tuple[Callable[[], None], dict]:
     """``(step, record)``: the function the loop calls in place of ``optimizer.step()``, and the
-    record for ``results.json`` (updated in place as the run goes: the compile time, a fallback)."""
+    record for ``results.json`` and this launch's entry in its ``launches`` (updated in place as
+    the run goes: the compile time, a fallback). ``earlier``: the records of the run's earlier
+    launches; once one fell back to the eager step, the run stays eager (its record says so)."""
     if impl not in IMPLS:
         raise ValueError(f"trainer.optimizer_impl={impl!r} must be one of {', '.join(IMPLS)}")
     record = {"requested": impl, "impl": impl, "optimizer": type(optimizer).__name__}
-    if impl == "eager":
+    fell = next((r["fallback"] for r in earlier if r and r.get("fallback")), None)
+    if impl == "compiled" and fell:
+        record.update(impl="eager", fallback=f"an earlier launch of this run fell back ({fell})")
+    if record["impl"] == "eager":
         return optimizer.step, record
     compile_fn = compile_fn or torch.compile
     try:
@@ -54,10 +65,14 @@ def build_step(optimizer: torch.optim.Optimizer, impl: str,
             return
         start = time.perf_counter()
         try:
-            state["fast"]()
-        except Exception as err:   # noqa: BLE001 -- a compile error surfaces at a call
-            state["fast"] = None
+            finished_after = state["fast"]()
+        except Exception as err:   # noqa: BLE001 -- a compile error surfaces at a call, before the
+            state["fast"] = None     # compiled function has written anything: the eager step now
             _fall_back(optimizer, record, err)()
+            return
+        if isinstance(finished_after, Exception):   # an optimizer's own form that failed part-way
+            state["fast"] = None                      # and finished this step eagerly: not again
+            _fall_back(optimizer, record, finished_after)
             return
         frames = _frames_compiled()
         if frames != state["frames"]:   # this call (re)compiled: its time is compile time

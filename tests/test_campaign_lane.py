@@ -268,6 +268,12 @@ def test_a_resumed_run_keeps_its_optimizer_step_and_a_new_one_is_compiled(tmp_pa
     for pinned in ({"key": "k", "overrides": ["trainer.optimizer_impl=eager"]}, {"key": "k"}):
         sets = [] if pinned.get("overrides") else ["trainer.optimizer_impl=eager"]
         assert lane.optimizer_override(pinned, ROOT, run, resume=False, extra=sets) == []
+    # a resume keeps its form over a --set of another (it would be refused), and says so
+    log = []
+    other = "eager" if expected[0].endswith("compiled") else "compiled"
+    assert lane.optimizer_override({"key": "k"}, ROOT, run, resume=True, extra=[f"trainer.optimizer_impl={other}"],
+                                   log=log.append) == expected
+    assert len(log) == 1 and "keeps trainer.optimizer_impl=" in log[0]
 
 
 def test_fold_cpu_records_a_diverged_entry_once(queue_dir, tmp_path):

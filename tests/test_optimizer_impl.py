@@ -25,7 +25,8 @@ def _ppd_problem(cls, seed: int):
     in float64, with stages of 3, 9, ... steps."""
     g = torch.Generator().manual_seed(seed)
     weights = [torch.nn.Parameter(torch.randn(4, 3, generator=g, dtype=torch.float64)),
-               torch.nn.Parameter(torch.randn(5, generator=g, dtype=torch.float64))]
+               torch.nn.Parameter(torch.randn(5, generator=g, dtype=torch.float64)),
+               torch.nn.Parameter(torch.randn(2, 2, generator=g, dtype=torch.float64))]
     primal = [torch.nn.Parameter(torch.zeros((), dtype=torch.float64)) for _ in range(2)]
     dual = torch.nn.Parameter(torch.zeros((), dtype=torch.float64))
     opt = cls([{"params": weights}, {"params": primal, "weight_decay": 0.0},
@@ -34,11 +35,28 @@ def _ppd_problem(cls, seed: int):
     return [*weights, *primal, dual], opt
 
 
+def counting(calls: list):
+    """``torch.compile`` that notes the size of each call's parameter list (so a test sees the
+    compiled function ran, per group) and how many frames dynamo compiled."""
+    from torch._dynamo.utils import counters
+
+    def compile_fn(fn, **kwargs):
+        compiled = torch.compile(fn, **kwargs)
+
+        def call(*args):
+            calls.append(len(args[0]))
+            return compiled(*args)
+        return call
+    calls.append(sum(counters["stats"].values()))
+    return compile_fn
+
+
 @pytest.mark.parametrize("cls", [PPDSG, PPDAdaGrad])
 def test_compiled_ppd_step_is_the_eager_step(cls):
     for seed in range(4):
         (eager_params, eager), (params, opt) = _ppd_problem(cls, seed), _ppd_problem(cls, seed)
-        step, record = build_step(opt, "compiled")
+        calls = []
+        step, record = build_step(opt, "compiled", compile_fn=counting(calls))
         g = torch.Generator().manual_seed(100 + seed)
         for t in range(14):   # stage ends after steps 3 and 12: averaging, lr / 3, a new reference
             grads = [torch.randn(p.shape, generator=g, dtype=torch.float64) for p in params]
@@ -59,6 +77,44 @@ def test_compiled_ppd_step_is_the_eager_step(cls):
             for key, value in eager.state[p].items():
                 torch.testing.assert_close(opt.state[q][key], value, rtol=1e-12, atol=1e-13)
         assert public(record)["impl"] == "compiled" and record["form"] == "the optimizer's own"
+        # the weights (3 tensors) and the primal scalars (2) went through the compiled function at
+        # every step after the first, but the weights' at step 5 (a missing gradient: eager)
+        assert sorted(calls[1:]) == [2] * 13 + [3] * 12
+        if seed == 0:
+            from torch._dynamo.utils import counters
+            assert sum(counters["stats"].values()) > calls[0]   # dynamo compiled, not skipped
+
+
+def test_a_group_that_fails_to_compile_is_stepped_once_and_the_run_goes_on_eagerly():
+    """The weights' group compiles, the primal scalars' does not: that step finishes eagerly from
+    the failed group on (no group stepped twice), and every later step is eager."""
+    def scalars_fail(fn, **kwargs):
+        compiled = torch.compile(fn, **kwargs)
+
+        def call(*args):
+            if args[0][0].dim() == 0:
+                raise RuntimeError("cannot compile this group (test)")
+            return compiled(*args)
+        return call
+
+    (eager_params, eager), (params, opt) = _ppd_problem(PPDAdaGrad, 0), _ppd_problem(PPDAdaGrad, 0)
+    step, record = build_step(opt, "compiled", compile_fn=scalars_fail)
+    g = torch.Generator().manual_seed(7)
+    for t in range(6):
+        for a, b in zip(eager_params, params):
+            a.grad = torch.randn(a.shape, generator=g, dtype=torch.float64)
+            b.grad = a.grad.clone()
+        eager.step()
+        if t == 1:
+            with pytest.warns(RuntimeWarning, match="cannot compile this group"):
+                step()
+        else:
+            step()
+        for a, b in zip(eager_params, params):
+            torch.testing.assert_close(b, a, rtol=1e-12, atol=1e-13)
+    assert record["impl"] == "eager" and "cannot compile this group" in record["fallback"]
+    _, later = build_step(_ppd_problem(PPDAdaGrad, 1)[1], "compiled", earlier=[None, dict(record)])
+    assert later["impl"] == "eager" and later["fallback"].startswith("an earlier launch of this run fell back")
 
 
 def test_compiled_sgd_step_is_the_eager_step_across_lr_drops():
@@ -132,8 +188,12 @@ def test_a_ppd_run_resumed_before_a_stage_end_repeats_itself(compose_cfg, tmp_pa
     a = torch.load(tmp_path / "full" / "last.pt", weights_only=True)
     b = torch.load(tmp_path / "split" / "last.pt", weights_only=True)
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
-    record = json.loads((tmp_path / "full" / "results.json").read_text())["optimizer_impl"]
+    on_disk = json.loads((tmp_path / "full" / "results.json").read_text())
+    record = on_disk["optimizer_impl"]
     assert record["requested"] == record["impl"] == impl and record["optimizer"] == "PPDAdaGrad"
+    assert on_disk["launches"][-1]["optimizer_impl"]["impl"] == impl
+    launches = json.loads((tmp_path / "split" / "results.json").read_text())["launches"]
+    assert [la["optimizer_impl"]["impl"] for la in launches] == [impl, impl]   # one record per launch
     other = "eager" if impl == "compiled" else "compiled"
     with pytest.raises(ResumeConfigError, match=f"trainer.optimizer_impl.*{impl}.*{other}"):
         loop.train(compose_cfg([*args, f"trainer.optimizer_impl={other}", "trainer.max_steps=30",

@@ -387,22 +387,29 @@ def conv_override(entry: dict, code: Path, run: LaneRun, resume: bool, extra: li
     return [f"model.conv_impl={record['impl']}"]
 
 
-def optimizer_override(entry: dict, code: Path, run: LaneRun, resume: bool, extra: list[str]) -> list[str]:
+def optimizer_override(entry: dict, code: Path, run: LaneRun, resume: bool, extra: list[str],
+                       log=print) -> list[str]:
     """``trainer.optimizer_impl=<form>`` that keeps a run on one optimizer step to its end, or
-    nothing (the code has no such key, or the run's line or ``--set`` names it). A new run gets
+    nothing (the code has no such key, or a new run's line or ``--set`` names it). A new run gets
     ``compiled`` (:mod:`lpmetrics.run.optimizer_step`: the step's elementwise passes fused by
     ``torch.compile``; a lane run is hours long, its compiles take seconds); a resumed run keeps
-    the form its config names (none: it began before the key existed, eagerly). Like the
-    convolution path, no part of a protocol (``make_tables.IGNORED``)."""
-    if any(s.startswith("trainer.optimizer_impl=") for s in [*entry.get("overrides", []), *extra]) or \
-            "optimizer_impl" not in (code / "configs" / "config.yaml").read_text():
+    the form its config names (none: it began before the key existed, eagerly), over a ``--set``
+    that asks another (logged; ``train_command`` puts this after the sets, and Hydra applies a
+    key's last override), since a resume that changed it would be refused. Like the convolution
+    path, no part of a protocol (``make_tables.IGNORED``)."""
+    if "optimizer_impl" not in (code / "configs" / "config.yaml").read_text():
         return []
+    named = [s.split("=", 1)[1] for s in [*entry.get("overrides", []), *extra]
+             if s.startswith("trainer.optimizer_impl=")]
     if not resume:
-        return ["trainer.optimizer_impl=compiled"]
+        return [] if named else ["trainer.optimizer_impl=compiled"]
     from omegaconf import OmegaConf
     saved = run.folder / ".hydra" / "config.yaml"
-    form = OmegaConf.select(OmegaConf.load(saved), "trainer.optimizer_impl") if saved.is_file() else None
-    return [f"trainer.optimizer_impl={form or 'eager'}"]
+    form = (OmegaConf.select(OmegaConf.load(saved), "trainer.optimizer_impl") if saved.is_file() else None) or "eager"
+    if named and named[-1] != form:
+        log(f"lane: {entry['key']}: keeps trainer.optimizer_impl={form}, the form it began with, over "
+            f"trainer.optimizer_impl={named[-1]} (a resume may not change it)")
+    return [f"trainer.optimizer_impl={form}"]
 
 
 #: glibc malloc settings for the trainings: serve every allocation from the heap and never give it
@@ -469,8 +476,10 @@ class Lane:
     def start_run(self, entry: dict, code: Path, commit: str) -> None:
         run = LaneRun.of(self.dir, entry["key"])
         resume = run.has_checkpoint()
-        # the step the training resumes from: its checkpoint's, written with the last metrics row at
-        # every evaluation (the bar's last step, further on, would make the segment's s/step too long)
+        # the step the training resumes from (for cpu status' s/step only): its checkpoint's, written
+        # just after the last metrics row at every evaluation (the bar's last step, further on, made
+        # a resumed segment's s/step ~10x too long); one interval ahead where that checkpoint write
+        # was cut short or the training falls back to last.prev.pt
         rows = run.rows() if resume else []
         step = int(float(rows[-1]["step"])) if rows and rows[-1].get("step") else (run.progress()[0] if resume else None)
         run.info.update(key=entry["key"], config_sha=entry["config_sha"], queue_version=self.queue["version"],
@@ -484,7 +493,7 @@ class Lane:
             self.log(f"lane: {entry['key']}: left out --set {' '.join(left_out)}: its study line sets "
                      "that key (a study run keeps its line's values)")
         extra = [*sets, *conv_override(entry, code, run, resume, sets, self.log),
-                 *optimizer_override(entry, code, run, resume, sets)]
+                 *optimizer_override(entry, code, run, resume, sets, self.log)]
         run.info.setdefault("segments", []).append(
             {"commit": commit, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
              "resumed_from_step": step if resume else 0, "overrides": extra})
