@@ -35,6 +35,17 @@ def _ppd_problem(cls, seed: int):
     return [*weights, *primal, dual], opt
 
 
+def same_random_gradients(eager_params, params, g) -> None:
+    for a, b in zip(eager_params, params):
+        a.grad = torch.randn(a.shape, generator=g, dtype=torch.float64)
+        b.grad = a.grad.clone()
+
+
+def equal_to_rounding(eager_params, params) -> None:
+    for a, b in zip(eager_params, params):
+        torch.testing.assert_close(b, a, rtol=1e-12, atol=1e-13)
+
+
 def counting(calls: list):
     """``torch.compile`` that notes the size of each call's parameter list (so a test sees the
     compiled function ran, per group) and how many frames dynamo compiled."""
@@ -68,8 +79,7 @@ def test_compiled_ppd_step_is_the_eager_step(cls):
             eager.step()
             step()
             assert opt.stage_ended == eager.stage_ended, (seed, t)
-            for a, b in zip(eager_params, params):
-                torch.testing.assert_close(b, a, rtol=1e-12, atol=1e-13)
+            equal_to_rounding(eager_params, params)
         assert opt.state_dict()["stages"] == eager.state_dict()["stages"] == \
             {"stage": 3, "stage_step": 2, "stage_len": 27}
         assert opt.param_groups[0]["lr"] == eager.param_groups[0]["lr"]
@@ -101,17 +111,14 @@ def test_a_group_that_fails_to_compile_is_stepped_once_and_the_run_goes_on_eager
     step, record = build_step(opt, "compiled", compile_fn=scalars_fail)
     g = torch.Generator().manual_seed(7)
     for t in range(6):
-        for a, b in zip(eager_params, params):
-            a.grad = torch.randn(a.shape, generator=g, dtype=torch.float64)
-            b.grad = a.grad.clone()
+        same_random_gradients(eager_params, params, g)
         eager.step()
         if t == 1:
             with pytest.warns(RuntimeWarning, match="cannot compile this group"):
                 step()
         else:
             step()
-        for a, b in zip(eager_params, params):
-            torch.testing.assert_close(b, a, rtol=1e-12, atol=1e-13)
+        equal_to_rounding(eager_params, params)
     assert record["impl"] == "eager" and "cannot compile this group" in record["fallback"]
     _, later = build_step(_ppd_problem(PPDAdaGrad, 1)[1], "compiled", earlier=[None, dict(record)])
     assert later["impl"] == "eager" and later["fallback"].startswith("an earlier launch of this run fell back")
@@ -128,15 +135,12 @@ def test_compiled_sgd_step_is_the_eager_step_across_lr_drops():
     step, record = build_step(opt, "compiled")
     g = torch.Generator().manual_seed(3)
     for _ in range(9):
-        for a, b in zip(eager_params, params):
-            a.grad = torch.randn(a.shape, generator=g, dtype=torch.float64)
-            b.grad = a.grad.clone()
+        same_random_gradients(eager_params, params, g)
         eager.step()
         step()
         eager_lr.step()
         lr.step()
-        for a, b in zip(eager_params, params):
-            torch.testing.assert_close(b, a, rtol=1e-12, atol=1e-13)
+        equal_to_rounding(eager_params, params)
     assert record["impl"] == "compiled" and record["form"] == "torch.compile(optimizer.step)"
     assert record["compile_s"] > 0
 
