@@ -237,6 +237,7 @@ def test_resume_force_continues_and_is_recorded(compose_cfg, tmp_path):
     assert on_disk["resume_forced"] is True and results["final"]["step"] == 20
     first = dict(on_disk["launches"][0])
     assert first.pop("git_commit")   # the code version of each launch
+    assert first.pop("optimizer_impl") == {"requested": "eager", "impl": "eager", "optimizer": "SGD"}   # its step
     assert first == {"start_step": 0, "resume": False, "batch_stream": "seeded-epoch-v2"}
     assert on_disk["launches"][1]["forced_differences"] == {"optimizer.lr": [0.1, 0.05]}
     assert on_disk["launches"][1]["resume"] == "force" and on_disk["config"]["optimizer"]["lr"] == 0.05
