@@ -704,9 +704,13 @@ def conv_path(info: dict, results: dict | None) -> str:
         impl, recorded = make_tables.step_record(results, cfg)
         if impl:
             return impl + ("-bf16" if (recorded or cfg.get("trainer.precision")) == "bf16" else "")
+    return latest_override(info, "model.conv_impl") or "-"
+
+
+def latest_override(info: dict, key: str) -> str | None:
+    """The value ``key=...`` had in the overrides the run's latest segment was started with."""
     overrides = ((info.get("segments") or [{}])[-1]).get("overrides") or []
-    impl = next((o.split("=", 1)[1] for o in overrides if o.startswith("model.conv_impl=")), None)
-    return impl or "-"
+    return next((o.split("=", 1)[1] for o in overrides if o.startswith(f"{key}=")), None)
 
 
 def optimizer_form(info: dict, results: dict | None) -> str:
@@ -716,8 +720,7 @@ def optimizer_form(info: dict, results: dict | None) -> str:
     record = (results or {}).get("optimizer_impl")
     if isinstance(record, dict) and record.get("impl"):
         return record["impl"]
-    overrides = ((info.get("segments") or [{}])[-1]).get("overrides") or []
-    return next((o.split("=", 1)[1] for o in overrides if o.startswith("trainer.optimizer_impl=")), "-")
+    return latest_override(info, "trainer.optimizer_impl") or "-"
 
 
 def held_keys(lane_dir: Path, campaign_dir: Path) -> list[str]:
