@@ -323,8 +323,10 @@ def test_started_runs_then_the_study_then_the_queue(digits_study):
     assert order(camp, lane_dir) == [QUEUE_KEYS[1], "prec/ce_fp32", QUEUE_KEYS[0]]   # finished: not again
 
 
-def test_on_this_machine_the_two_started_runs_then_the_precision_study(tmp_path):
-    """The committed queue and study list, with the two runs this machine's lane has begun."""
+def test_on_this_machine_the_two_started_runs_then_the_precision_study(tmp_path, monkeypatch):
+    """The committed queue and study list, with the two runs this machine's lane has begun (and
+    no report committed: :func:`lane.answered`)."""
+    monkeypatch.setattr(lane, "REPORTS", tmp_path / "no_reports")
     folder = campaign_queue.DEFAULT_DIR
     queue, ledger = campaign_queue.load(folder)
     started = ["cifar10_nk0.1_ce_lr0.1_s0", "cifar10_nk0.1_auc_lp_lr0.01_s0"]
@@ -335,6 +337,32 @@ def test_on_this_machine_the_two_started_runs_then_the_precision_study(tmp_path)
              for p in ("fp32", "bf16")]
     assert keys[:10] == [*started, *study]
     assert keys[10] == "cifar10_nk0.1_ce_lr0.01_s0" and len(keys) == 24 + 8
+
+
+def test_a_study_whose_report_is_committed_is_not_trained_again(digits_study, monkeypatch, tmp_path):
+    """A new machine's lane folder is empty: a study run answered by its committed report
+    (``results/<study>/runs/<run>/results.json``) is left out, started here or not."""
+    camp, lane_dir = digits_study
+    reports = tmp_path / "reports"
+    monkeypatch.setattr(lane, "REPORTS", reports)
+    assert order(camp, lane_dir) == ["prec/ce_fp32", "prec/ce_bf16", *QUEUE_KEYS]
+    (reports / "prec" / "runs" / "ce_fp32").mkdir(parents=True)
+    assert order(camp, lane_dir) == ["prec/ce_fp32", "prec/ce_bf16", *QUEUE_KEYS]   # no results.json: not answered
+    (reports / "prec" / "runs" / "ce_fp32" / "results.json").write_text("{}")
+    assert order(camp, lane_dir) == ["prec/ce_bf16", *QUEUE_KEYS]
+    lane.LaneRun.of(lane_dir, "prec/ce_fp32").folder.mkdir(parents=True)   # begun again on this machine
+    assert order(camp, lane_dir) == ["prec/ce_bf16", *QUEUE_KEYS]
+    assert order(camp, lane_dir, studies=()) == QUEUE_KEYS
+
+
+def test_the_committed_precision_study_is_answered_whole():
+    """The committed report answers every run of the committed run list: the lane of a new machine
+    trains none of them (it re-ran two for a minute on 2026-11-29 before this rule)."""
+    queue, _ = campaign_queue.load(campaign_queue.DEFAULT_DIR)
+    (name, path), = lane.STUDIES
+    entries = lane.study_entries(name, path, queue)
+    assert len(entries) == 8 and all(lane.answered(e) for e in entries)
+    assert not lane.answered({"key": QUEUE_KEYS[0]})   # a queue entry is never a study's
 
 
 def test_a_started_study_run_resumes_and_a_locked_one_is_not_run_twice(digits_study, monkeypatch):

@@ -46,7 +46,10 @@ stage: after the runs it has started, before any queue entry it has not. A study
 overrides with the changes applied, so no protocol is written twice. Its runs use the same locks,
 resume, code snapshot, convolution path, ``nice`` and one training per core as the queue's, live
 in ``<lane dir>/studies/<study>/<run>/`` (key ``<study>/<run>``), show in ``cpu status``, and are
-never folded: a study's report reads them (``python -m scripts.cpu.precision_report``).
+never folded: a study's report reads them (``python -m scripts.cpu.precision_report``). A run
+whose report is committed (``results/<study>/runs/<run>/results.json``, :func:`answered`) is
+answered: no lane trains it again, on this machine or a new one whose lane folder is empty (delete
+the committed copy to have it trained afresh).
 ``cpu start --no-studies`` leaves the stage out, started study runs included: they wait, and resume
 at the next start without it. A study run's protocol is what its line composes to now: a folder
 whose ``lane.json`` records another (the line was edited after it began; :func:`protocol_held`,
@@ -95,6 +98,8 @@ GPU_RECIPE = "docs/reproducing.md (the window on a lent GPU: scripts/campaign/gp
 #: the lane's studies, trained after the runs it has started and before any queue entry it has not:
 #: (name, run list). cpu_precision: fp32 vs bf16 twins (results/cpu_precision/README.md)
 STUDIES = (("cpu_precision", ROOT / "scripts" / "studies" / "cpu_precision_runs.txt"),)
+#: where a study's report commits its finished runs: ``<REPORTS>/<study>/runs/<run>/results.json``
+REPORTS = ROOT / "results"
 
 
 class LaneError(RuntimeError):
@@ -128,10 +133,10 @@ def lane_order(queue: dict, ledger: dict, folder: Path, lane_dir: Path, everythi
     """What the lane trains, in order: the runs it has started (queue entries and the runs of
     ``studies`` with a run folder and no ``results.json``, whatever ``everything`` says: hours of
     training are never left behind; a study left out, ``--no-studies``, waits whole), then the unfinished runs of ``studies`` in their lists' order, then
-    :func:`cpu_order`."""
+    :func:`cpu_order`. A study run whose report is committed (:func:`answered`) is left out."""
     full = cpu_order(queue, ledger, folder, everything=True)
     wanted = full if everything else [e for e in full if lane_rank(e) is not None]
-    study = [e for name, path in studies for e in study_entries(name, path, queue)]
+    study = [e for name, path in studies for e in study_entries(name, path, queue) if not answered(e)]
 
     def started(e: dict) -> bool:
         run = LaneRun.of(lane_dir, e["key"])
@@ -142,6 +147,13 @@ def lane_order(queue: dict, ledger: dict, folder: Path, lane_dir: Path, everythi
 
 
 # ----------------------------------------------------------------------------- studies
+
+
+def answered(entry: dict) -> bool:
+    """Whether study run ``entry``'s report is committed (its ``results.json`` under
+    :data:`REPORTS`): the lane then leaves it out, started or not."""
+    study, _, run = entry["key"].rpartition("/")
+    return bool(study) and (REPORTS / study / "runs" / run / "results.json").is_file()
 
 
 def read_study(path: Path) -> list[tuple[str, str, list[str]]]:
