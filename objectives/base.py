@@ -109,6 +109,24 @@ class Objective(nn.Module):
         else:
             acc.add_(torch.where(cond, torch.stack([value, one]), 0.0))
 
+    def pending_stats(self) -> dict:
+        """What :meth:`record` has gathered since the last :meth:`pop_stats`, as a checkpoint holds
+        it (plain numbers, the device sums as CPU tensors); :meth:`restore_pending_stats` puts it
+        back so the sums go on exactly as they would have. Nothing is read off or reset."""
+        return {"order": list(self._stat_order),
+                "host": {k: [float(self._stat_sums[k]), int(self._stat_counts[k])] for k in self._stat_sums},
+                "device": {k: acc.detach().cpu().clone() for k, acc in self._stat_device.items()}}
+
+    def restore_pending_stats(self, state: dict, device: torch.device | str) -> None:
+        """Undo a restart between two evaluations: :meth:`pending_stats`' ``state`` becomes what
+        is pending, the device sums on ``device`` (where the resumed run records)."""
+        self._stat_order = dict.fromkeys(state["order"])
+        self._stat_sums.clear()
+        self._stat_counts.clear()
+        for key, (total, count) in state["host"].items():
+            self._stat_sums[key], self._stat_counts[key] = total, count
+        self._stat_device = {k: acc.to(device) for k, acc in state["device"].items()}
+
     def pop_stats(self) -> dict[str, float]:
         sums, counts = dict(self._stat_sums), {k: float(c) for k, c in self._stat_counts.items()}
         if self._stat_device:   # read once here, then zeroed in place (graph replays add here)

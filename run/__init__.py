@@ -12,6 +12,7 @@ through the same modules; both import this layer, and it imports only the layers
   (evaluate, checkpoint, ``results.json``);
 * :mod:`~lpmetrics.run.evaluation` -- one evaluation's metrics, test in both BatchNorm modes;
 * :mod:`~lpmetrics.run.resume` -- continuing from a run folder's checkpoint;
+* :mod:`~lpmetrics.run.request` -- a checkpoint between evaluations, asked for by ``SIGUSR1``;
 * :mod:`~lpmetrics.run.rng` -- seeding the global RNGs, and their state in a checkpoint;
 * :mod:`~lpmetrics.run.timer` -- per-phase step times;
 * :mod:`~lpmetrics.run.validate` -- the config checks a run makes before it starts;

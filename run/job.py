@@ -110,15 +110,26 @@ class Run:
                                     run_dir)
         if not keep:   # trainer.checkpoints=false: metrics only
             return row
+        self.save_checkpoint(step, timings, rng)
+        return row
+
+    def save_checkpoint(self, step: int, timings: dict, rng: Callable[[], dict] | None = None,
+                        losses: list[float] | None = None) -> None:
+        """Write ``last.pt`` at ``step``: after an evaluation (:meth:`evaluate`), or between two
+        (``losses``: the interval's training losses so far; :mod:`lpmetrics.run.request`). Between
+        two it also holds the objective's diagnostics recorded since the last evaluation
+        (:meth:`~lpmetrics.objectives.base.Objective.pending_stats`) under ``interval``, so the next
+        evaluation's row is the uninterrupted run's."""
+        interval = None if losses is None else {"losses": list(losses), "stats": self.objective.pending_stats()}
         runfolder.save_checkpoint(
             {"step": step, "model": self.model.state_dict(), "objective": self.objective.state_dict(),
              "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
              "rows": self.rows, "best": self.best, "timings": timings, "rng": (rng or rng_state)(),
              "config": self.resolved, "launches": self.launches, "hydra_files": self.hydra_files,
-             **({"side_stream_step": self.side_stream.step} if self.side_stream is not None else {})},
-            run_dir)
+             **({"side_stream_step": self.side_stream.step} if self.side_stream is not None else {}),
+             **({"interval": interval} if interval is not None else {})},
+            self.run_dir)
         self.ckpt_step = step
-        return row
 
     def results(self, timing_ms: dict, choices: dict | None, **extra: Any) -> dict[str, Any]:
         """Write ``results.json`` (``extra`` keys are added, e.g. the packed launcher's record)."""

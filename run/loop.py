@@ -26,6 +26,7 @@ from lpmetrics.run.builders import autocast_dtype, resolve_device
 from lpmetrics.run.guards import NonFiniteLossError, nonfinite_message
 from lpmetrics.run.optimizer_step import build_step
 from lpmetrics.run.prepare import prepare_run
+from lpmetrics.run.request import CheckpointRequests
 from lpmetrics.run.rng import set_rng_state
 from lpmetrics.run.timer import Timer
 from lpmetrics.run.validate import validate
@@ -53,7 +54,7 @@ def train(cfg: DictConfig, run_dir: Path, choices: dict[str, str] | None = None)
     run.bundle.to(device)   # the data live on the device: batches and evaluation gather there
     run.attach_optimizer()
     model, objective, optimizer, scheduler = run.model, run.objective, run.optimizer, run.scheduler
-    step, timer, amp = 0, Timer(device), autocast_dtype(cfg)
+    step, timer, amp, losses = 0, Timer(device), autocast_dtype(cfg), []
     if ckpt is not None:
         model.load_state_dict(ckpt["model"])
         objective.load_state_dict(ckpt["objective"])
@@ -63,6 +64,9 @@ def train(cfg: DictConfig, run_dir: Path, choices: dict[str, str] | None = None)
         timer.samples = ckpt["timings"]
         set_rng_state(ckpt["rng"])
         run.ckpt_step = step
+        if "interval" in ckpt:   # written between two evaluations, on request (run/request.py)
+            losses = list(ckpt["interval"]["losses"])
+            objective.restore_pending_stats(ckpt["interval"]["stats"], device)
     # after the state is loaded: a compiled step sees the tensors it will update
     step_optimizer, run.optimizer_impl = build_step(
         optimizer, cfg.trainer.optimizer_impl, earlier=[la.get("optimizer_impl") for la in run.launches[:-1]])
@@ -74,6 +78,7 @@ def train(cfg: DictConfig, run_dir: Path, choices: dict[str, str] | None = None)
             cfg.trainer.eval_every))
 
     run.logger = instantiate(cfg.logger, _partial_=True)(run_dir=str(run_dir), config=run.resolved)
+    requests = CheckpointRequests(run_dir)   # SIGUSR1: last.pt after this step, then on
     try:
         stream = BatchStream(run.bundle.train, cfg.trainer.batch_size, cfg.seed, start_step=step)
         hook_kwargs = {}
@@ -82,7 +87,6 @@ def train(cfg: DictConfig, run_dir: Path, choices: dict[str, str] | None = None)
                                           cfg.seed + SIDE_STREAM_SEED_OFFSET,
                                           start_step=ckpt.get("side_stream_step", 0) if ckpt else 0)
             hook_kwargs["draw_batch"] = lambda: tuple(t.to(device) for t in next(run.side_stream))
-        losses: list[float] = []
         model.train()
         bar = tqdm(total=cfg.trainer.max_steps, initial=step, desc="train", dynamic_ncols=True,
                    mininterval=2.0)
@@ -125,9 +129,16 @@ def train(cfg: DictConfig, run_dir: Path, choices: dict[str, str] | None = None)
                 losses = []
                 bar.write(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                                    for k, v in row.items()))
+            if requests.pop() and run.ckpt_step != step:   # an evaluation's checkpoint answers it
+                if cfg.trainer.checkpoints:
+                    run.save_checkpoint(step, timer.samples, losses=losses)
+                    bar.write(f"checkpoint at step {step} (requested: SIGUSR1)")
+                else:
+                    bar.write(f"checkpoint requested at step {step}: none written (trainer.checkpoints=false)")
         bar.close()
         results = run.results(timer.medians_ms(), choices)
         run.logger.summary({f"final/{k}": v for k, v in run.rows[-1].items()})
         return results
     finally:
+        requests.close()
         run.logger.finish()
