@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from lpmetrics.run import request
 from scripts.campaign import cli as campaign
 from scripts.campaign import lane
 from scripts.campaign import queue as campaign_queue
@@ -161,6 +162,92 @@ def test_a_killed_run_resumes_from_its_checkpoint_to_the_uninterrupted_metrics(d
     assert cpu(camp, lane_dir, "start") == 0
     assert "resumed_from_step" in json.loads((run.folder / "lane.json").read_text())["segments"][-1]
     assert json.loads((run.folder / "lane.json").read_text())["segments"][-1]["resumed_from_step"] is not None
+    assert (run.folder / "metrics.csv").read_text() == (reference / "runs" / key / "metrics.csv").read_text()
+
+
+FAKE_TRAINING = """
+import os, pathlib, signal, sys, time
+folder = pathlib.Path(sys.argv[1])
+def asked(*_):
+    (folder / "last.pt").write_text("asked")
+    with open(folder / "train.log", "a") as log:
+        log.write("checkpoint at step 7 (requested: SIGUSR1)\\n")
+if sys.argv[2] == "answers":
+    signal.signal(signal.SIGUSR1, asked)
+    (folder / ".checkpoint_request.pid").write_text(str(os.getpid()))
+(folder / "ready").write_text("")
+while True:
+    time.sleep(0.05)
+"""
+
+
+def fake_training(folder: Path, answers: bool) -> subprocess.Popen:
+    """A process standing for a training: it answers SIGUSR1 as train.py does (writes last.pt, logs
+    the step) or, like a training of older code, has no handler and no pid file."""
+    folder.mkdir(parents=True, exist_ok=True)
+    child = subprocess.Popen([sys.executable, "-c", FAKE_TRAINING, str(folder), "answers" if answers else "old"],
+                             start_new_session=True)
+    assert wait_for(lambda: (folder / "ready").is_file(), timeout=30)
+    return child
+
+
+def test_a_stop_asks_each_training_for_a_checkpoint_first(digits_lane, capsys):
+    camp, lane_dir = digits_lane
+    logged = []
+    sup = lane.Lane(lane_dir, camp, jobs=2, log=logged.append)
+    new, old = QUEUE_KEYS
+    sup.children = {new: fake_training(lane.LaneRun.of(lane_dir, new).folder, answers=True),
+                    old: fake_training(lane.LaneRun.of(lane_dir, old).folder, answers=False)}
+    with pytest.raises(SystemExit):
+        sup.terminate()
+    for child in sup.children.values():
+        assert child.poll() == -signal.SIGTERM   # both stopped; the old one was never sent SIGUSR1
+    assert (lane.LaneRun.of(lane_dir, new).folder / "last.pt").read_text() == "asked"
+    assert not (lane.LaneRun.of(lane_dir, old).folder / "last.pt").exists()
+    assert f"lane: {new}: checkpoint written at step 7" in logged
+    assert lane.requested_step(lane.LaneRun.of(lane_dir, new).folder) == 7
+
+
+def test_cpu_checkpoint_asks_the_locked_trainings_and_they_go_on(digits_lane, capsys):
+    camp, lane_dir = digits_lane
+    run = lane.LaneRun.of(lane_dir, QUEUE_KEYS[0])
+    child = fake_training(run.folder, answers=True)
+    try:
+        assert cpu(camp, lane_dir, "checkpoint") == 0   # not locked: not a training of this lane
+        assert "0 of 0 training(s)" in capsys.readouterr().out
+        with open(run.lock_path, "a+") as held:
+            fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            assert cpu(camp, lane_dir, "checkpoint") == 0
+        assert "1 of 1 training(s) checkpointed" in capsys.readouterr().out
+        assert (run.folder / "last.pt").read_text() == "asked" and child.poll() is None   # goes on
+    finally:
+        child.kill()
+        child.wait()
+
+
+@pytest.mark.slow   # ~60 s on a loaded 2-core machine: two train.py processes and a resume
+def test_a_stopped_run_resumes_from_its_requested_checkpoint_to_the_uninterrupted_metrics(digits_lane, tmp_path):
+    camp, lane_dir = digits_lane
+    key = QUEUE_KEYS[0]
+    reference = tmp_path / "reference"
+    assert cpu(camp, reference, "start") == 0   # uninterrupted (both entries, each alone)
+    (camp / "ledger.json").unlink()
+    shutil.rmtree(camp / "runs")
+    sup = lane.Lane(lane_dir, camp, jobs=1, log=lambda m: None)
+    commit = lane.git("rev-parse", "HEAD")
+    code = lane.code_snapshot(lane_dir, commit)
+    sup.fill(code, commit)
+    run = lane.LaneRun.of(lane_dir, key)
+    child = sup.children[key]
+    assert wait_for(lambda: request.listening_pid(run.folder) == child.pid or child.poll() is not None)
+    with pytest.raises(SystemExit):
+        sup.terminate()
+    if (run.folder / "results.json").is_file():
+        pytest.skip("the run finished before it could be stopped (a fast machine)")
+    asked = lane.requested_step(run.folder)
+    assert asked is not None and asked % 100 != 0   # between two evaluations (eval_every=100)
+    assert cpu(camp, lane_dir, "start") == 0
+    assert json.loads((run.folder / "lane.json").read_text())["segments"][-1]["resumed_from_step"] == asked
     assert (run.folder / "metrics.csv").read_text() == (reference / "runs" / key / "metrics.csv").read_text()
 
 

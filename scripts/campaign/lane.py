@@ -34,7 +34,11 @@ compose, from that snapshot's configs, to its queued protocol (else it is refuse
 protocol are pinned per run so a run keeps one path to its end: a new run gets the convolution
 path ``auto`` chooses here (:func:`conv_override`) and the compiled optimizer step
 (:func:`optimizer_override`), a resumed one what its config names. A run folder whose
-``lane.json`` names another protocol than its entry's is neither resumed nor folded. A finished
+``lane.json`` names another protocol than its entry's is neither resumed nor folded. A stop
+asks each training for a checkpoint first (``SIGUSR1``, :func:`request_checkpoints`;
+``lpmetrics/run/request.py``) and ends it once written, so a stop loses no steps; ``cpu
+checkpoint`` asks for one and lets them go on (before a session ends: a machine given back keeps
+every step). A finished
 run is folded into ``results/paper_tables/`` by :func:`scripts.campaign.fold.fold_cpu` (its
 ``results.json`` protocol hash equal to the entry's), with the launch commits and the fold commit
 in its ``campaign.json``; committing the fold is the session's job.
@@ -76,6 +80,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lpmetrics.run import request
 from scripts.campaign import fold as campaign_fold
 from scripts.campaign import queue as campaign_queue
 from scripts.campaign import submit as campaign_submit
@@ -92,6 +97,9 @@ STAGES = ("table1_seed0", "table1_seeds12")
 LANE_NOTE = "CPU lane: its queue entry trained by train.py on a CPU (scripts/campaign/lane.py)"
 DEFAULT_LANE_DIR = Path(os.environ.get("LPMETRICS_LANE", Path.home() / "lpmetrics_lane"))
 POLL_S = 30.0
+#: how long a stop or ``cpu checkpoint`` waits for the trainings' requested checkpoints (a step, or
+#: an evaluation in progress, ~20 s on the CPU, ends first; then ``last.pt`` is written)
+REQUEST_WAIT_S = 120.0
 MAX_FAILURES = 2   # a run that exits non-zero this often without progress is left for a person
 NICE = 19         # the trainings yield the CPU to the session's own work (tests, benchmarks)
 GPU_RECIPE = "docs/reproducing.md (the window on a lent GPU: scripts/campaign/gpu_window.sh)"
@@ -489,11 +497,17 @@ class Lane:
         run = LaneRun.of(self.dir, entry["key"])
         resume = run.has_checkpoint()
         # the step the training resumes from (for cpu status' s/step only): its checkpoint's, written
-        # just after the last metrics row at every evaluation (the bar's last step, further on, made
-        # a resumed segment's s/step ~10x too long); one interval ahead where that checkpoint write
-        # was cut short or the training falls back to last.prev.pt
+        # just after the last metrics row at every evaluation, or later where a checkpoint was asked
+        # for (request_checkpoints; its step in train.log); the bar's last step only where neither
+        # is known (further on, it made a resumed segment's s/step ~10x too long). One interval off
+        # where a checkpoint write was cut short or the training falls back to last.prev.pt
         rows = run.rows() if resume else []
-        step = int(float(rows[-1]["step"])) if rows and rows[-1].get("step") else (run.progress()[0] if resume else None)
+        step = int(float(rows[-1]["step"])) if rows and rows[-1].get("step") else None
+        asked = requested_step(run.folder) if resume else None
+        if asked is not None and (step is None or asked > step):
+            step = asked
+        elif step is None and resume:
+            step = run.progress()[0]
         run.info.update(key=entry["key"], config_sha=entry["config_sha"], queue_version=self.queue["version"],
                         steps=entry["steps"], **({"study": entry["study"], "base": entry["base"]}
                                                  if entry.get("study") else {}))
@@ -615,6 +629,9 @@ class Lane:
 
     def terminate(self, *_):
         self.stopping = True
+        folders = {key: LaneRun.of(self.dir, key).folder for key in self.children}
+        request_checkpoints([f for key, f in folders.items() if request.listening_pid(f) == self.children[key].pid],
+                            self.log)
         for key, child in self.children.items():
             self.log(f"lane: stopping {key} (pid {child.pid}); it resumes from its last checkpoint")
             try:
@@ -627,6 +644,55 @@ class Lane:
             except subprocess.TimeoutExpired:
                 os.killpg(child.pid, signal.SIGKILL)
         raise SystemExit(0)
+
+
+def request_checkpoints(folders: list[Path], log=print, timeout: float = REQUEST_WAIT_S) -> list[Path]:
+    """Ask the training in each of ``folders`` for a checkpoint now (``SIGUSR1``, sent only to a
+    process that answers it: :func:`lpmetrics.run.request.listening_pid`) and wait until each has
+    written ``last.pt`` or ``timeout`` has passed; the folders whose checkpoint was written."""
+    asked = {}
+    for folder in folders:
+        pid = request.listening_pid(folder)
+        if pid is None:
+            log(f"lane: {folder.name}: no training there answers checkpoint requests; its last checkpoint stands")
+            continue
+        asked[folder] = _mtime(folder / "last.pt")
+        try:
+            os.kill(pid, signal.SIGUSR1)
+        except ProcessLookupError:
+            del asked[folder]
+    written, deadline = [], time.monotonic() + timeout
+    while asked and time.monotonic() < deadline:
+        time.sleep(0.25)
+        for folder, before in list(asked.items()):
+            if _mtime(folder / "last.pt") not in (None, before):
+                written.append(folder)
+                del asked[folder]
+    for folder in written:
+        step = requested_step(folder)
+        log(f"lane: {folder.name}: checkpoint written" + (f" at step {step}" if step is not None else ""))
+    for folder in asked:
+        log(f"lane: {folder.name}: no checkpoint within {timeout:.0f} s; its last checkpoint stands")
+    return written
+
+
+def _mtime(path: Path) -> int | None:
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:
+        return None
+
+
+def requested_step(folder: Path) -> int | None:
+    """The step of the last checkpoint a request wrote in ``folder`` (its ``train.log``: the
+    training says ``checkpoint at step N (requested: SIGUSR1)``), or ``None``."""
+    log = folder / "train.log"
+    if not log.is_file():
+        return None
+    with open(log, "rb") as fh:
+        fh.seek(max(0, log.stat().st_size - 65536))
+        found = re.findall(r"checkpoint at step (\d+) \(requested", fh.read().decode(errors="replace"))
+    return int(found[-1]) if found else None
 
 
 def study_protocol(entry: dict, compose) -> str | None:
@@ -826,9 +892,10 @@ def stop(args) -> int:
 
 def add_parser(sub) -> None:
     c = sub.add_parser("cpu", help="the CPU lane: the headline cells' runs, one per core, in the background")
-    c.add_argument("action", choices=("start", "status", "fold", "stop", "held"),
+    c.add_argument("action", choices=("start", "status", "fold", "stop", "held", "checkpoint"),
                    help="held: the queue keys the lane has begun and not folded, one per line (a GPU "
-                        "window's EXCLUDE file)")
+                        "window's EXCLUDE file); checkpoint: each running training writes last.pt now "
+                        "and goes on (before a session ends); stop: each writes one, then stops")
     c.add_argument("--lane-dir", default=str(DEFAULT_LANE_DIR),
                    help="run folders, code snapshots, locks and the log (outside the repository)")
     c.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="trainings at a time (one per core)")
@@ -845,7 +912,7 @@ def add_parser(sub) -> None:
 
 
 def main(args) -> int:
-    """``cpu start|stop|fold|status|held``; a :class:`LaneError` reaches the command line (one typed line)."""
+    """``cpu start|stop|fold|status|held|checkpoint``; a :class:`LaneError` reaches the command line (one typed line)."""
     lane_dir, campaign_dir = Path(args.lane_dir).expanduser(), Path(args.dir)
     if args.action == "start":
         return start(args)
@@ -853,6 +920,12 @@ def main(args) -> int:
         return stop(args)
     if args.action == "held":
         print("\n".join(held_keys(lane_dir, campaign_dir)))
+        return 0
+    if args.action == "checkpoint":
+        folders = [f for f in [*sorted((lane_dir / "runs").glob("*/")), *sorted((lane_dir / "studies").glob("*/*/"))]
+                   if LaneRun(f).locked()]
+        written = request_checkpoints(folders)
+        print(f"lane: {len(written)} of {len(folders)} training(s) checkpointed; they go on training")
         return 0
     if args.action == "fold":
         folded = fold_finished(lane_dir, campaign_dir)
