@@ -246,3 +246,22 @@ def test_a_comparison_that_cannot_be_made_gives_no_verdict(fake_lane, tmp_path, 
     answer = report.report(fake_lane, tmp_path / "out", log=lambda m: None)
     assert not answer.startswith("Every bf16 twin gap is within")
     assert answer.startswith("No verdict") and "ce test AUC" in answer and "auc_lp" not in answer
+
+
+def test_on_a_new_machine_the_report_regenerates_from_the_committed_copies(fake_lane, tmp_path):
+    """A lane folder that never began the runs (a new machine): the report reads each run's committed
+    copy, writes the same table, and keeps the copies; a run begun again in the lane folder is read
+    from there (unfinished: its stale copy goes, as before)."""
+    out = tmp_path / "out"
+    report.report(fake_lane, out, log=lambda m: None)
+    table, copies = (out / "table.md").read_text(), {p: p.read_bytes() for p in out.glob("runs/*/*")}
+    empty = tmp_path / "new_machine_lane"
+    report.report(empty, out, log=lambda m: None)
+    assert (out / "table.md").read_text() == table
+    assert {p: p.read_bytes() for p in out.glob("runs/*/*")} == copies
+    begun = empty / "studies" / NAME / "ce_lr0.1_fp32_s0"
+    fake_run(begun, "ce", 0, "fp32", upto=3000, finished=False)
+    with pytest.raises(report.ReportError, match="1 of 8 runs are unfinished: ce_lr0.1_fp32_s0 \\(step 3000"):
+        report.report(empty, out, log=lambda m: None)
+    report.report(empty, out, partial=True, log=lambda m: None)
+    assert not (out / "runs" / "ce_lr0.1_fp32_s0").exists() and len(list((out / "runs").iterdir())) == 7

@@ -186,7 +186,7 @@ def test_partial_report_removes_a_stale_copy_of_a_run_no_longer_finished(tmp_pat
 
     class Run:
         name, finished = "ghost", False
-    monkeypatch.setattr(precision_report, "study_runs", lambda lane_dir, campaign_dir: [Run()])
+    monkeypatch.setattr(precision_report, "study_runs", lambda lane_dir, campaign_dir, committed=None: [Run()])
     monkeypatch.setattr(precision_report, "check_protocols", lambda runs, partial: None)
     monkeypatch.setattr(precision_report, "check_finished", lambda runs, partial: runs)
     monkeypatch.setattr(precision_report, "table_text", lambda runs, unfinished: ("table", "partial"))

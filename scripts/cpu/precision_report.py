@@ -5,7 +5,8 @@
 The study (``scripts/studies/cpu_precision_runs.txt``, trained by the CPU lane as a stage:
 ``scripts/campaign/lane.py``) asks whether ``trainer.precision=bf16`` changes what a run learns:
 per objective and seed, an fp32 run and its bf16 twin that share initial weights and batches. This
-reads their run folders, ``<lane dir>/studies/cpu_precision/<run>/``, and writes into ``--out``:
+reads their run folders, ``<lane dir>/studies/cpu_precision/<run>/`` (a run the lane folder never
+began: its copy under ``--out``, committed by an earlier report), and writes into ``--out``:
 
 * ``runs/<run>/metrics.csv`` and ``results.json`` of each finished run (never a checkpoint; an
   absolute path in ``results.json`` is cut to its last component: a committed file names no
@@ -99,9 +100,13 @@ class StudyRun:
         return pts[-1] if which == "last" else max(pts, key=lambda p: (p[0], -p[1]))
 
 
-def study_runs(lane_dir: Path, campaign_dir: Path = campaign_queue.DEFAULT_DIR) -> list[StudyRun]:
+def study_runs(lane_dir: Path, campaign_dir: Path = campaign_queue.DEFAULT_DIR,
+               committed: Path | None = None) -> list[StudyRun]:
     """The study's runs in its list's order, each with what its run folder holds so far; a folder
-    that records another protocol than its line composes to now holds nothing of its line's run."""
+    that records another protocol than its line composes to now holds nothing of its line's run.
+    A run this lane folder never began is read from its committed copy, ``<committed>/runs/<run>/``,
+    where there is one (a new machine's lane folder is empty; the lane never trains such a run
+    again: :func:`scripts.campaign.lane.answered`), so the report regenerates from the commits."""
     path = dict(lane.STUDIES)[STUDY]
     queue, _ = campaign_queue.load(campaign_dir)
     out = []
@@ -116,6 +121,11 @@ def study_runs(lane_dir: Path, campaign_dir: Path = campaign_queue.DEFAULT_DIR) 
                            int(lane.override_value(over, "seed")), entry["steps"],
                            lane.run_folder(lane_dir, entry["key"]))
             held = lane.LaneRun.of(lane_dir, entry["key"])
+            copy = lane.LaneRun(committed / "runs" / run.name) if committed is not None else None
+            if not held.folder.is_dir() and copy is not None and copy.results() is not None:
+                run.folder, run.rows, run.results = copy.folder, copy.rows(), copy.results()
+                out.append(run)
+                continue
             if held.info.get("config_sha"):
                 compose = compose or stack.enter_context(composer())
                 why, run.foreign = lane.protocol_held(entry, held, compose)
@@ -323,12 +333,13 @@ def curves(runs: list[StudyRun]) -> dict[str, list[list[tuple]]]:
 def report(lane_dir: Path, out: Path, partial: bool = False, campaign_dir: Path = campaign_queue.DEFAULT_DIR,
            log=print) -> str:
     """Write ``out``'s copies, ``table.md`` and ``curves.png``; return the verdict."""
-    runs = study_runs(lane_dir, campaign_dir)
+    runs = study_runs(lane_dir, campaign_dir, committed=out)
     check_protocols(runs, partial)
     unfinished = check_finished(runs, partial)   # with --partial, the mismatched runs among them
     for r in runs:
         if r.finished:
-            copy_run(r, out)
+            if r.folder != out / "runs" / r.name:   # else read from that copy itself
+                copy_run(r, out)
         else:   # unfinished or of another protocol: no copy from an earlier report stays behind
             shutil.rmtree(out / "runs" / r.name, ignore_errors=True)
     text, answer = table_text(runs, unfinished)
