@@ -139,18 +139,24 @@ def wait_for(cond, timeout=120.0):
     return False
 
 
-@pytest.mark.slow   # ~90 s on a loaded 2-core machine: three train.py processes
-def test_a_killed_run_resumes_from_its_checkpoint_to_the_uninterrupted_metrics(digits_lane, tmp_path):
-    camp, lane_dir = digits_lane
-    key = "digits_nk0.1_ce_lr0.1_s0"
+def reference_then_one_training(camp: Path, lane_dir: Path, tmp_path: Path) -> tuple[Path, lane.Lane]:
+    """The lane's runs trained uninterrupted into ``tmp_path/reference`` (each alone), then a
+    supervisor of one training that has started the first of them in ``lane_dir``."""
     reference = tmp_path / "reference"
-    assert cpu(camp, reference, "start") == 0   # uninterrupted (both entries, each alone)
+    assert cpu(camp, reference, "start") == 0
     (camp / "ledger.json").unlink()
     shutil.rmtree(camp / "runs")
     sup = lane.Lane(lane_dir, camp, jobs=1, log=lambda m: None)
     commit = lane.git("rev-parse", "HEAD")
-    code = lane.code_snapshot(lane_dir, commit)
-    sup.fill(code, commit)
+    sup.fill(lane.code_snapshot(lane_dir, commit), commit)
+    return reference, sup
+
+
+@pytest.mark.slow   # ~90 s on a loaded 2-core machine: three train.py processes
+def test_a_killed_run_resumes_from_its_checkpoint_to_the_uninterrupted_metrics(digits_lane, tmp_path):
+    camp, lane_dir = digits_lane
+    key = "digits_nk0.1_ce_lr0.1_s0"
+    reference, sup = reference_then_one_training(camp, lane_dir, tmp_path)
     child = sup.children[key]
     run = lane.LaneRun.of(lane_dir, key)
     assert wait_for(lambda: (run.folder / "last.pt").is_file() or child.poll() is not None)
@@ -229,14 +235,7 @@ def test_cpu_checkpoint_asks_the_locked_trainings_and_they_go_on(digits_lane, ca
 def test_a_stopped_run_resumes_from_its_requested_checkpoint_to_the_uninterrupted_metrics(digits_lane, tmp_path):
     camp, lane_dir = digits_lane
     key = QUEUE_KEYS[0]
-    reference = tmp_path / "reference"
-    assert cpu(camp, reference, "start") == 0   # uninterrupted (both entries, each alone)
-    (camp / "ledger.json").unlink()
-    shutil.rmtree(camp / "runs")
-    sup = lane.Lane(lane_dir, camp, jobs=1, log=lambda m: None)
-    commit = lane.git("rev-parse", "HEAD")
-    code = lane.code_snapshot(lane_dir, commit)
-    sup.fill(code, commit)
+    reference, sup = reference_then_one_training(camp, lane_dir, tmp_path)
     run = lane.LaneRun.of(lane_dir, key)
     child = sup.children[key]
     assert wait_for(lambda: request.listening_pid(run.folder) == child.pid or child.poll() is not None)
