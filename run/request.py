@@ -62,7 +62,8 @@ class CheckpointRequests:
 
 
 def listening_pid(run_dir: Path) -> int | None:
-    """The process id of the training that answers ``SIGUSR1`` in ``run_dir``, or ``None``: its
+    """The process id of the training that answers ``SIGUSR1`` in ``run_dir``, or ``None`` (also
+    where there is no ``/proc`` to read a command line from): its
     :data:`PID_FILE` names a live process whose command line names ``run_dir`` (a file left behind
     by a killed training, its number since reused, names some other process)."""
     try:

@@ -197,6 +197,7 @@ def fake_training(folder: Path, answers: bool) -> subprocess.Popen:
     return child
 
 
+@pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="listening_pid reads /proc")
 def test_a_stop_asks_each_training_for_a_checkpoint_first(digits_lane, capsys):
     camp, lane_dir = digits_lane
     logged = []
@@ -214,6 +215,7 @@ def test_a_stop_asks_each_training_for_a_checkpoint_first(digits_lane, capsys):
     assert lane.requested_step(lane.LaneRun.of(lane_dir, new).folder) == 7
 
 
+@pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="listening_pid reads /proc")
 def test_cpu_checkpoint_asks_the_locked_trainings_and_they_go_on(digits_lane, capsys):
     camp, lane_dir = digits_lane
     run = lane.LaneRun.of(lane_dir, QUEUE_KEYS[0])
@@ -232,6 +234,7 @@ def test_cpu_checkpoint_asks_the_locked_trainings_and_they_go_on(digits_lane, ca
 
 
 @pytest.mark.slow   # ~60 s on a loaded 2-core machine: two train.py processes and a resume
+@pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="listening_pid reads /proc")
 def test_a_stopped_run_resumes_from_its_requested_checkpoint_to_the_uninterrupted_metrics(digits_lane, tmp_path):
     camp, lane_dir = digits_lane
     key = QUEUE_KEYS[0]

@@ -20,6 +20,8 @@ from tests.test_faults import KILL_RUN, assert_same_run, run_in_process
 
 pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGUSR1"), reason="the platform has no SIGUSR1")
 ROOT = Path(__file__).resolve().parents[1]
+#: :func:`request.listening_pid` reads a process's command line from /proc (Linux)
+NEEDS_PROC = pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="reads command lines in /proc")
 ASK_AT = 13   # between the evaluations at 10 and 15 (KILL_RUN: eval_every 5)
 
 
@@ -100,6 +102,7 @@ def test_pending_diagnostics_survive_the_checkpoint_exactly():
     assert first.pop_stats() != {}   # pending_stats read nothing off
 
 
+@NEEDS_PROC
 def test_the_pid_file_names_only_a_training_of_that_folder(tmp_path):
     folder = tmp_path / "run"
     folder.mkdir()
@@ -118,6 +121,7 @@ def test_the_pid_file_names_only_a_training_of_that_folder(tmp_path):
     assert request.listening_pid(folder) is None   # gone: a stale file names nobody
 
 
+@NEEDS_PROC
 def test_train_py_answers_sigusr1_and_goes_on(tmp_path):
     """The real signal from another process: ``train.py`` writes ``last.pt`` between evaluations,
     says so in its log, keeps training to the end, and removes its pid file."""
