@@ -58,8 +58,12 @@ def test_exact_modes_pass_and_the_fastest_passing_mode_is_chosen(jobs):
     assert got["gemm"]["why"].startswith("not available") and got["gemm"]["ms_per_run_step"] is None
     assert record["gate"]["reference"] == "lone run in float32 vs float64 (CPU: no TF32)"
     assert all(0 < r < 1e-5 for r in record["gate"]["reference_distance"])   # float32 rounding, nonzero
-    for mode in ("vmap", "loop", "streams"):   # the MLP's packed steps equal its lone ones bit for bit
+    for mode in ("loop", "streams"):   # each run's own kernels: its lone steps bit for bit, on any CPU
         assert got[mode]["gate_distance"] == [0.0, 0.0, 0.0] and got[mode]["passed"]
+    # vmap's batched kernels may round otherwise than a lone run's, by CPU: bit-equal on an Intel
+    # Xeon (MKL), 5e-9 to 1.2e-8 on an AMD EPYC (2026-11-29); within float32 rounding either way
+    assert got["vmap"]["passed"] and all(0 <= d < 1e-6 for d in got["vmap"]["gate_distance"])
+    for mode in ("vmap", "loop", "streams"):
         assert got[mode]["ms_per_run_step"] > 0 and got[mode]["timed_steps"] == select.REPS
     fastest = min(("vmap", "loop", "streams"), key=lambda m: got[m]["ms_per_run_step"])
     assert record["chosen"] == fastest and record["fell_back"] is None and fastest in record["why"]
