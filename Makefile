@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-all install docs lane lane-status clean
+.PHONY: demo test test-all install docs lane lane-status lane-checkpoint clean
 
 # the pins, then this checkout as the editable package `lpmetrics` (pyproject.toml; --no-deps: the
 # pins above are the dependencies, --no-build-isolation: the pinned setuptools builds it offline)
@@ -35,12 +35,16 @@ docs: $(STAMP)
 	$(PY) -m mkdocs build --strict --site-dir site
 
 # the CPU lane of the campaign (docs/reproducing.md): the headline cells' runs, one per core, in the
-# background (it outlives this make; run folders under ~/lpmetrics_lane); lane-status shows them
+# background (it outlives this make; run folders under ~/lpmetrics_lane); lane-status shows them;
+# lane-checkpoint makes each running training write last.pt now and go on (before a session ends)
 lane: $(STAMP)
 	$(PY) -m scripts.campaign cpu start --background
 
 lane-status: $(STAMP)
 	$(PY) -m scripts.campaign cpu status
+
+lane-checkpoint: $(STAMP)
+	$(PY) -m scripts.campaign cpu checkpoint
 
 clean:
 	rm -rf outputs multirun .pytest_cache site
