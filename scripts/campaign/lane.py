@@ -650,13 +650,13 @@ def request_checkpoints(folders: list[Path], log=print, timeout: float = REQUEST
     """Ask the training in each of ``folders`` for a checkpoint now (``SIGUSR1``, sent only to a
     process that answers it: :func:`lpmetrics.run.request.listening_pid`) and wait until each has
     written ``last.pt`` or ``timeout`` has passed; the folders whose checkpoint was written."""
-    asked = {}
+    asked, logged = {}, {}
     for folder in folders:
         pid = request.listening_pid(folder)
         if pid is None:
             log(f"lane: {folder.name}: no training there answers checkpoint requests; its last checkpoint stands")
             continue
-        asked[folder] = _mtime(folder / "last.pt")
+        asked[folder], logged[folder] = _mtime(folder / "last.pt"), requested_step(folder)
         try:
             os.kill(pid, signal.SIGUSR1)
         except ProcessLookupError:
@@ -668,9 +668,12 @@ def request_checkpoints(folders: list[Path], log=print, timeout: float = REQUEST
             if _mtime(folder / "last.pt") not in (None, before):
                 written.append(folder)
                 del asked[folder]
-    for folder in written:
-        step = requested_step(folder)
-        log(f"lane: {folder.name}: checkpoint written" + (f" at step {step}" if step is not None else ""))
+    for folder in written:   # the training logs the step just after the file lands (an evaluation's: never)
+        step, until = requested_step(folder), time.monotonic() + 2.0
+        while step == logged[folder] and time.monotonic() < until:
+            time.sleep(0.1)
+            step = requested_step(folder)
+        log(f"lane: {folder.name}: checkpoint written" + (f" at step {step}" if step != logged[folder] else ""))
     for folder in asked:
         log(f"lane: {folder.name}: no checkpoint within {timeout:.0f} s; its last checkpoint stands")
     return written
