@@ -318,12 +318,9 @@ class LaneRun:
         step it resumed from, ``lane.json``), evaluations and any pause included, so an ETA holds
         over the run; the bar's own rate, a moving average that a pause or an evaluation inflates
         for a while, only where the segment's start is unknown."""
-        log = self.folder / "train.log"
-        if not log.is_file():
+        tail = log_tail(self.folder, 8192)
+        if tail is None:
             return None, None
-        with open(log, "rb") as fh:
-            fh.seek(max(0, log.stat().st_size - 8192))
-            tail = fh.read().decode(errors="replace")
         found = re.findall(r"(\d+)/(\d+) \[([\d:]+)<[^\]]*?(\d+(?:\.\d+)?)(s/it|it/s)", tail)
         if not found:
             return None, None
@@ -689,13 +686,18 @@ def _mtime(path: Path) -> int | None:
 def requested_step(folder: Path) -> int | None:
     """The step of the last checkpoint a request wrote in ``folder`` (its ``train.log``: the
     training says ``checkpoint at step N (requested: SIGUSR1)``), or ``None``."""
+    found = re.findall(r"checkpoint at step (\d+) \(requested", log_tail(folder, 65536) or "")
+    return int(found[-1]) if found else None
+
+
+def log_tail(folder: Path, size: int) -> str | None:
+    """The last ``size`` bytes of ``folder``'s ``train.log`` as text, or ``None`` if it has none."""
     log = folder / "train.log"
     if not log.is_file():
         return None
     with open(log, "rb") as fh:
-        fh.seek(max(0, log.stat().st_size - 65536))
-        found = re.findall(r"checkpoint at step (\d+) \(requested", fh.read().decode(errors="replace"))
-    return int(found[-1]) if found else None
+        fh.seek(max(0, log.stat().st_size - size))
+        return fh.read().decode(errors="replace")
 
 
 def study_protocol(entry: dict, compose) -> str | None:
@@ -743,14 +745,19 @@ def fold_finished(lane_dir: Path, campaign_dir: Path, log=print) -> list[str]:
 # ----------------------------------------------------------------------------- status
 
 
+def folder_keys(lane_dir: Path) -> list[str]:
+    """The keys of every run folder ``lane_dir`` holds: queue entries, then study runs (:func:`run_folder`)."""
+    return [*sorted(p.name for p in (lane_dir / "runs").glob("*/")),
+            *sorted(f"{p.parent.name}/{p.name}" for p in (lane_dir / "studies").glob("*/*/"))]
+
+
 def status_lines(lane_dir: Path, campaign_dir: Path, studies=None) -> list[str]:
     """Per run the lane holds or will train (in its order): state, step, val AUC, s/step, ETA, its
     convolution path (:func:`conv_path`) and optimizer step (:func:`optimizer_form`)."""
     queue, ledger = campaign_queue.load(campaign_dir)
     order = lane_order(queue, ledger, campaign_dir, lane_dir, studies=STUDIES if studies is None else studies)
     keys = [e["key"] for e in order]
-    seen = sorted(p.name for p in (lane_dir / "runs").glob("*/"))
-    seen += sorted(f"{p.parent.name}/{p.name}" for p in (lane_dir / "studies").glob("*/*/"))
+    seen = folder_keys(lane_dir)
     lines = [f"lane {lane_dir}: {lane_holder(lane_dir) or 'not running'}"]
     lines.append(f"{'run':38} {'state':9} {'step':>11} {'val_auc':>8} {'best':>6} {'s/step':>6} {'ETA':>7}  "
                  f"{'conv':10} optimizer")
@@ -925,8 +932,7 @@ def main(args) -> int:
         print("\n".join(held_keys(lane_dir, campaign_dir)))
         return 0
     if args.action == "checkpoint":
-        folders = [f for f in [*sorted((lane_dir / "runs").glob("*/")), *sorted((lane_dir / "studies").glob("*/*/"))]
-                   if LaneRun(f).locked()]
+        folders = [f for f in (run_folder(lane_dir, k) for k in folder_keys(lane_dir)) if LaneRun(f).locked()]
         written = request_checkpoints(folders)
         print(f"lane: {len(written)} of {len(folders)} training(s) checkpointed; they go on training")
         return 0
