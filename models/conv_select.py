@@ -50,6 +50,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lpmetrics.atomic import atomic_write_json
+from lpmetrics.models import gemm
 
 K = 4                  # bf16 gate: at most K times the precision's own distance
 FLOOR = 2.0 ** -23     # float32's machine epsilon: the least reference distance
@@ -82,11 +83,13 @@ def _cpuinfo() -> tuple[str, list[str]]:
 
 def machine() -> dict:
     """The CPU, its SIMD flags (those of :data:`SIMD_FLAGS` it has, and a hash of all), the
-    torch version and the thread count: what a choice is valid for."""
+    torch version and the thread count: what a choice is valid for; and what oneDNN's bf16 math
+    mode does here (:func:`models.gemm.bf16_math`: ``"fp32"`` where the GEMM paths' bf16 operands
+    stay float32)."""
     name, flags = _cpuinfo()
     return {"cpu": name, "simd_flags": [f for f in SIMD_FLAGS if f in flags],
             "flags_sha1": hashlib.sha1(" ".join(sorted(flags)).encode()).hexdigest()[:12],
-            "torch": torch.__version__, "threads": torch.get_num_threads()}
+            "torch": torch.__version__, "threads": torch.get_num_threads(), "bf16_math": gemm.bf16_math()}
 
 
 def cache_path() -> Path:
@@ -227,6 +230,10 @@ def choose(make: Callable[[str], nn.Module], shape: tuple, classes: int, batch: 
         times = ", ".join(f"{impl} {t:.0f}" for impl, t in ms.items())
         failed = "".join(f"; {impl} failed the gate" for impl in CANDIDATES if impl not in passed)
         record["why"] = f"{record['impl']} fastest of those that passed the gate ({times} ms per step){failed}"
+        ignored = [op for op, mode in gemm.bf16_math().items() if mode == "fp32"]
+        if precision == "bf16" and ignored:
+            record["why"] += (f"; oneDNN ignores the bf16 math mode here ({' and '.join(ignored)} in float32), "
+                              "so gemm and mixed convolve in float32 under bf16")
     except Exception as err:   # any failure falls back to the stock path, with its reason
         record.update(impl="stock", why=f"fell back to stock: {type(err).__name__}: {err}",
                       traceback=traceback.format_exc(limit=3))

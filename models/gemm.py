@@ -77,8 +77,13 @@ mode of each captured GEMM, so a capture of this forward replays the same precis
 ``operands="bf16"`` runs the convolution GEMMs (forward and both backward GEMMs) with oneDNN's
 bf16 math mode (``torch.backends.mkldnn.matmul.fp32_precision="bf16"``, scoped the same way): the
 operands are rounded to bfloat16, products accumulate in float32 and the outputs are float32, the
-CPU counterpart of TF32 (AMX-BF16 / AVX512-BF16 where the CPU has them); weights, activations,
-BatchNorm and its statistics stay float32. In float64 the flags do nothing: the GEMMs are exact up
+CPU counterpart of TF32; weights, activations, BatchNorm and its statistics stay float32. oneDNN
+reads the mode as a permission, not an order: where it has no bf16 kernel for the operation on
+this CPU it runs its float32 kernel, and ``operands="bf16"`` is then float32 arithmetic (on an AMD
+EPYC with AVX512-BF16 and no AMX, 2026-11-29: GEMM and convolution results as close to the
+float64 product as plain float32's, where an Intel Xeon with AMX-BF16 rounds).
+:func:`bf16_math` probes which, once per process, and every run records it
+(:func:`models.conv_select.machine`). In float64 the flags do nothing: the GEMMs are exact up
 to summation order (float64 pack vs lone runs: ``tests/test_packed_gemm.py``; lone GEMM model vs
 torchvision's: ``tests/test_cpu_gemm.py``).
 """
@@ -92,8 +97,8 @@ import torch.nn.functional as F
 
 from lpmetrics.models.gemm_plan import Block, Conv, GemmPlanError, Norm, Plan, plan
 
-__all__ = ["Block", "Conv", "GemmPlanError", "Norm", "Plan", "batch_norm", "bmm", "conv", "direct", "forward",
-           "gemm", "im2col", "max_pool", "plan", "taps"]
+__all__ = ["Block", "Conv", "GemmPlanError", "Norm", "Plan", "batch_norm", "bf16_math", "bmm", "conv", "direct",
+           "forward", "gemm", "im2col", "max_pool", "plan", "taps"]
 
 
 class _Flag:
@@ -248,6 +253,31 @@ def _bf16_conv_operands() -> _Flag:
     """oneDNN's bf16 math mode for float32 CPU convolutions (the direct kernel's counterpart of
     :func:`_bf16_operands`)."""
     return _Flag(lambda: torch.backends.mkldnn.conv.fp32_precision, _set_cpu_conv, "bf16")
+
+
+@functools.cache
+def bf16_math() -> dict[str, str]:
+    """What oneDNN's bf16 math mode does on this CPU, per operation: ``{"matmul": m, "conv": c}``,
+    each ``"bf16"`` (float32 operands rounded to bfloat16, as :func:`_bf16_operands` asks) or
+    ``"fp32"`` (the mode ignored: float32 kernels; the module docstring). Probed on one product of
+    the shapes the models run (a 3x3 convolution of 64 channels at 8x8, and its GEMM), against
+    the float64 products of the float32 operands and of their bfloat16 roundings: the result is
+    nearer to one of them by orders of magnitude (a float32 product is ~1e-7 from the first and
+    ~1e-3 from the second)."""
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(256, 576, generator=g), torch.randn(576, 64, generator=g)
+    x = torch.randn(4, 64, 8, 8, generator=g).contiguous(memory_format=torch.channels_last)
+    w = torch.randn(64, 64, 3, 3, generator=g).contiguous(memory_format=torch.channels_last)
+
+    def nearer(f, flag, *args) -> str:
+        with torch.no_grad(), torch.autocast("cpu", enabled=False):
+            got = _scoped(lambda: f(*args), flag).double()
+            exact = f(*(t.double() for t in args))
+            rounded = f(*(t.bfloat16().double() for t in args))
+        return "bf16" if (got - rounded).norm() < (got - exact).norm() else "fp32"
+
+    return {"matmul": nearer(torch.mm, _bf16_operands(), a, b),
+            "conv": nearer(lambda i, k: F.conv2d(i, k, padding=1), _bf16_conv_operands(), x, w)}
 
 
 def runs_direct(taps: int, positions: int, cout: int, direct_ratio: float | None) -> bool:
