@@ -24,7 +24,10 @@ as a GPU window chooses its pack mode (:mod:`packed.select`), :func:`choose`
 3. **chooses** the fastest path that passed; any error, or no candidate passing and faster:
    ``stock``, with the reason.
 
-``auto`` never changes the precision: both paths run at the run's ``trainer.precision``.
+``auto`` never changes the precision: both paths run at the run's ``trainer.precision``. So under
+``bf16`` a path is no candidate where this CPU ignores oneDNN's bf16 math mode for an operation it
+needs (:data:`BF16_OPS`, :func:`models.gemm.bf16_math`): its "bf16 operands" would be float32
+there (an AMD EPYC with AVX512-BF16 and no AMX, 2026-11-29), and the choice is recorded with why.
 On CUDA (and any device but the CPU) ``auto`` is ``stock`` (cuDNN's convolutions; the GEMM path
 there is the GPU packs' business). The choice costs a few seconds (float64 gate, then
 ``3 (1 + REPS)`` steps) and is cached per machine in ``~/.cache/lpmetrics/conv_impl.json``
@@ -60,8 +63,10 @@ GATE_BATCH = 8         # images in the gate's batch
 REPS = 5               # timed steps per path (after one warm step), as packed.select's
 #: CPU flags that decide the GEMMs' speed (recorded; the cache key hashes the whole flag list)
 SIMD_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16")
-CACHE_VERSION = 3      # bump when the rule changes: older entries are then chosen afresh
+CACHE_VERSION = 4      # bump when the rule changes: older entries are then chosen afresh
 CANDIDATES = ("gemm", "mixed")   # the paths auto weighs against stock
+#: the oneDNN operations (:func:`models.gemm.bf16_math`) whose bf16 math mode each path's bf16 operands need
+BF16_OPS = {"gemm": ("matmul",), "mixed": ("matmul", "conv")}
 _MEMO: dict[str, dict] = {}   # this process's choices (a read-only cache folder chooses once per process)
 
 
@@ -213,27 +218,39 @@ def time_steps(make: Callable[[str], nn.Module], shape: tuple, classes: int, bat
     return {impl: statistics.median(t) for impl, t in times.items()}
 
 
+def bf16_ignored(impl: str) -> list[str]:
+    """The oneDNN operations of path ``impl`` whose bf16 math mode this CPU ignores
+    (:func:`models.gemm.bf16_math`): where any is, the path's bf16 operands are float32 here."""
+    modes = gemm.bf16_math()
+    return [op for op in BF16_OPS.get(impl, ()) if modes[op] == "fp32"]
+
+
 def choose(make: Callable[[str], nn.Module], shape: tuple, classes: int, batch: int, precision: str) -> dict:
     """Gate, time and choose on this machine (module docstring); never raises."""
     record: dict = {"impl": "stock", "precision": precision}
     start = time.perf_counter()
     try:
+        candidates, skipped = CANDIDATES, ""
+        if precision == "bf16":   # a path whose bf16 math mode is ignored here would run float32
+            candidates = tuple(impl for impl in CANDIDATES if not bf16_ignored(impl))
+            skipped = "".join(f"; {impl} left out: oneDNN ignores the bf16 math mode for "
+                              f"{' and '.join(bf16_ignored(impl))} on this CPU (float32 kernels)"
+                              for impl in CANDIDATES if impl not in candidates)
+            if not candidates:
+                record["why"] = f"stock (bf16 autocast){skipped}"
+                return record
         gate = gate_bf16 if precision == "bf16" else gate_fp32
-        record["gate"] = {impl: gate(make, shape, classes, impl) for impl in CANDIDATES}
-        passed = tuple(impl for impl in CANDIDATES if record["gate"][impl]["passed"])
+        record["gate"] = {impl: gate(make, shape, classes, impl) for impl in candidates}
+        passed = tuple(impl for impl in candidates if record["gate"][impl]["passed"])
         if not passed:
-            record["why"] = f"{' and '.join(CANDIDATES)} failed the gate: stock"
+            record["why"] = f"{' and '.join(candidates)} failed the gate: stock{skipped}"
             return record
         ms = time_steps(make, shape, classes, batch, precision, impls=("stock", *passed))
         record["ms_per_step"] = ms
         record["impl"] = min(ms, key=ms.get)
         times = ", ".join(f"{impl} {t:.0f}" for impl, t in ms.items())
-        failed = "".join(f"; {impl} failed the gate" for impl in CANDIDATES if impl not in passed)
-        record["why"] = f"{record['impl']} fastest of those that passed the gate ({times} ms per step){failed}"
-        ignored = [op for op, mode in gemm.bf16_math().items() if mode == "fp32"]
-        if precision == "bf16" and ignored:
-            record["why"] += (f"; oneDNN ignores the bf16 math mode here ({' and '.join(ignored)} in float32), "
-                              "so gemm and mixed convolve in float32 under bf16")
+        failed = "".join(f"; {impl} failed the gate" for impl in candidates if impl not in passed)
+        record["why"] = f"{record['impl']} fastest of those that passed the gate ({times} ms per step){failed}{skipped}"
     except Exception as err:   # any failure falls back to the stock path, with its reason
         record.update(impl="stock", why=f"fell back to stock: {type(err).__name__}: {err}",
                       traceback=traceback.format_exc(limit=3))

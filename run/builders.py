@@ -65,8 +65,11 @@ def conv_path(cfg: DictConfig, bundle, device: torch.device | None = None) -> di
         return None
     precision = cfg.trainer.precision
     if requested != "auto":
+        ignored = conv_select.bf16_ignored(requested) if precision == "bf16" else []
+        note = (f"; oneDNN ignores the bf16 math mode for {' and '.join(ignored)} on this CPU, so this path's "
+                "convolutions compute in float32" if ignored else "")
         return {"impl": requested, "requested": requested, "precision": precision,
-                "why": f"model.conv_impl={requested}", **conv_select.machine()}
+                "why": f"model.conv_impl={requested}{note}", **conv_select.machine()}
     device = device if device is not None else resolve_device(cfg.device)
     runtime = runtime_values(bundle)
     record = conv_select.resolve(lambda impl: instantiate_runtime(cfg.model, **runtime, conv_impl=impl),

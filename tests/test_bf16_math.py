@@ -59,3 +59,45 @@ def test_float32_operands_are_float32_everywhere():
     g = torch.Generator().manual_seed(0)
     a, w = torch.randn(1, 512, 1152, generator=g), torch.randn(1, 1152, 128, generator=g)
     _check("fp32", *_distances(gemm.gemm(a, w), torch.bmm, a, w))
+
+
+def _modes(monkeypatch, matmul: str, conv: str) -> None:
+    monkeypatch.setattr(gemm, "bf16_math", lambda: {"matmul": matmul, "conv": conv})
+
+
+def test_auto_under_bf16_leaves_out_paths_that_would_run_float32(monkeypatch):
+    _modes(monkeypatch, "fp32", "fp32")
+
+    def make(impl):
+        raise AssertionError(f"no path is built when none can compute in bf16 (built {impl})")
+    record = conv_select.choose(make, (3, 16, 16), 2, 4, "bf16")
+    assert record["impl"] == "stock" and "traceback" not in record
+    assert "gemm left out" in record["why"] and "mixed left out" in record["why"]
+    assert conv_select.bf16_ignored("mixed") == ["matmul", "conv"] and conv_select.bf16_ignored("stock") == []
+
+
+def test_auto_under_bf16_weighs_a_path_whose_operations_round(monkeypatch):
+    from lpmetrics.models.resnet import resnet18
+    _modes(monkeypatch, "bf16", "fp32")   # gemm needs only the matmul; mixed needs the convolution too
+    record = conv_select.choose(lambda impl: resnet18(2, [3, 16, 16], conv_impl=impl), (3, 16, 16), 2, 4, "bf16")
+    assert "traceback" not in record
+    assert set(record["gate"]) == {"gemm"} and "mixed left out" in record["why"]
+    assert conv_select.bf16_ignored("gemm") == [] and conv_select.bf16_ignored("mixed") == ["conv"]
+
+
+def test_under_fp32_nothing_is_left_out(monkeypatch):
+    from lpmetrics.models.resnet import resnet18
+    _modes(monkeypatch, "fp32", "fp32")
+    record = conv_select.choose(lambda impl: resnet18(2, [3, 16, 16], conv_impl=impl), (3, 16, 16), 2, 4, "fp32")
+    assert set(record["gate"]) == set(conv_select.CANDIDATES) and "left out" not in record["why"]
+
+
+def test_an_explicit_path_under_bf16_says_when_it_computes_in_float32(compose_cfg, monkeypatch):
+    from lpmetrics.run.builders import conv_path
+    _modes(monkeypatch, "fp32", "fp32")
+    cfg = compose_cfg(["dataset=cifar10", "model.conv_impl=mixed", "trainer.precision=bf16"])
+    record = conv_path(cfg, bundle=None)
+    assert record["impl"] == "mixed" and record["precision"] == "bf16"
+    assert "matmul and conv" in record["why"] and "float32" in record["why"]
+    _modes(monkeypatch, "bf16", "bf16")
+    assert conv_path(cfg, bundle=None)["why"] == "model.conv_impl=mixed"
