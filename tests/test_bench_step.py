@@ -5,7 +5,7 @@ import json
 from scripts.cpu import bench_step
 
 
-def test_bench_step_smallest(tmp_path, monkeypatch):
+def test_bench_step_smallest(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     out = tmp_path / "bench.json"
     bench_step.main(["--sizes", "16", "--batch", "4", "--rounds", "1", "--eval-rounds", "1",
@@ -19,6 +19,10 @@ def test_bench_step_smallest(tmp_path, monkeypatch):
         assert 0 < r["arith_share"] <= 1 and 0 < r["eval_arith_share"] <= 1, form
         assert 0 < r["arith_floor"] <= r["step_ratio"] and 0 < r["eval_arith_floor"] <= r["eval_ratio"], form
         assert any(op.startswith("aten::mm") or "convolution" in op for op, _, _ in r["top_ops"]), form
+    # what oneDNN's bf16 math mode does here is recorded, and printed where it computes in float32
+    modes = result["machine"]["bf16_math"]
+    assert set(modes) == {"matmul", "conv"}
+    assert ("compute in float32 here" in capsys.readouterr().out) == ("fp32" in modes.values())
 
 
 def test_bench_levers_prints_each_lever(capsys):

@@ -219,6 +219,10 @@ def main(argv=None) -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1) + "\n")
     print(table(results))
+    ignored = [op for op, mode in results["machine"]["bf16_math"].items() if mode == "fp32"]
+    if ignored:
+        print(f"note: oneDNN ignores the bf16 math mode for {' and '.join(ignored)} on this CPU, so the "
+              "-bf16 GEMM forms (bf16 operands asked, not bf16 activations) compute in float32 here")
     for size in sizes:
         for form, r in size["forms"].items():
             print(f"{size['px']} px {form}: " + "; ".join(f"{k} {ms} ms ({pct} %)" for k, ms, pct in r["top_ops"]))
