@@ -10,7 +10,9 @@ measurements (medians, one thread, the variants interleaved call by call: :func:
 * ``malloc``: the fp32 32 px GEMM step in fresh processes with glibc's default allocator
   against the CPU lane's ``MALLOC_ENV`` (allocations kept in the heap: no fresh pages faulting);
 * ``gemm``: one of layer1's GEMMs (4096x576 @ 576x64) in float32, in oneDNN's bf16 math mode
-  (float32 operands converted on each call: the ``bf16`` run option) and on bfloat16 tensors;
+  (float32 operands converted on each call: the ``bf16`` run option) and on bfloat16 tensors, and
+  each one's distance to the float64 product (bf16 operands ~1e-3; a math mode the CPU ignores
+  leaves float32's ~1e-7);
 * ``eval``: what one of ``train.py``'s evaluations costs beside its 1,000 training steps, for the
   32 px ``mixed`` model in fp32 (15k images with running statistics in batches of 512, 10k in
   BatchNorm-train mode in batches of 32: ``trainer.eval_batch_size``, ``trainer.bntrain_batch_size``),
@@ -71,7 +73,13 @@ def gemm_precisions(rounds: int) -> list[str]:
             a @ b
     ms = interleaved({"fp32": lambda: a @ b, "bf16 math mode": bf16_mode, "bf16 tensors": lambda: a16 @ b16},
                      rounds * 4)
-    return ["gemm 4096x576 @ 576x64: " + ", ".join(f"{k} {v:.2f} ms" for k, v in ms.items())]
+    exact = a.double() @ b.double()
+    with gemm._bf16_operands():
+        mode = a @ b
+    dist = {"fp32": a @ b, "bf16 math mode": mode, "bf16 tensors": a16 @ b16}
+    dist = {k: ((v.double() - exact).norm() / exact.norm()).item() for k, v in dist.items()}
+    return ["gemm 4096x576 @ 576x64: " + ", ".join(f"{k} {v:.2f} ms" for k, v in ms.items())
+            + "; relative distance to the float64 product: " + ", ".join(f"{k} {v:.1e}" for k, v in dist.items())]
 
 
 MALLOC_STEPS = """
