@@ -258,8 +258,9 @@ def _bf16_conv_operands() -> _Flag:
 @functools.cache
 def bf16_math() -> dict[str, str]:
     """What oneDNN's bf16 math mode does on this CPU, per operation: ``{"matmul": m, "conv": c}``,
-    each ``"bf16"`` (float32 operands rounded to bfloat16, as :func:`_bf16_operands` asks) or
-    ``"fp32"`` (the mode ignored: float32 kernels; the module docstring). Probed on one product of
+    each ``"bf16"`` (float32 operands rounded to bfloat16, as :func:`_bf16_operands` asks),
+    ``"fp32"`` (the mode ignored: float32 kernels; the module docstring) or ``"unknown (why)"``
+    where the probe itself fails (a torch without the flags). Probed on one product of
     the shapes the models run (a 3x3 convolution of 64 channels at 8x8, and its GEMM), against
     the float64 products of the float32 operands and of their bfloat16 roundings: the result is
     nearer to one of them by orders of magnitude (a float32 product is ~1e-7 from the first and
@@ -276,8 +277,11 @@ def bf16_math() -> dict[str, str]:
             rounded = f(*(t.bfloat16().double() for t in args))
         return "bf16" if (got - rounded).norm() < (got - exact).norm() else "fp32"
 
-    return {"matmul": nearer(torch.mm, _bf16_operands(), a, b),
-            "conv": nearer(lambda i, k: F.conv2d(i, k, padding=1), _bf16_conv_operands(), x, w)}
+    try:
+        return {"matmul": nearer(torch.mm, _bf16_operands(), a, b),
+                "conv": nearer(lambda i, k: F.conv2d(i, k, padding=1), _bf16_conv_operands(), x, w)}
+    except Exception as err:   # a torch without these flags (a lent GPU's may differ from the pin)
+        return dict.fromkeys(("matmul", "conv"), f"unknown ({type(err).__name__}: {err})")
 
 
 def runs_direct(taps: int, positions: int, cout: int, direct_ratio: float | None) -> bool:

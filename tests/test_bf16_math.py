@@ -27,7 +27,7 @@ def _check(mode: str, to_exact: float, to_rounded: float) -> None:
 
 def test_the_labels():
     modes = gemm.bf16_math()
-    assert set(modes) == {"matmul", "conv"} and set(modes.values()) <= {"bf16", "fp32"}
+    assert set(modes) == {"matmul", "conv"} and set(modes.values()) <= {"bf16", "fp32"}   # never unknown here
     assert conv_select.machine()["bf16_math"] == modes
 
 
@@ -101,3 +101,13 @@ def test_an_explicit_path_under_bf16_says_when_it_computes_in_float32(compose_cf
     assert "matmul and conv" in record["why"] and "float32" in record["why"]
     _modes(monkeypatch, "bf16", "bf16")
     assert conv_path(cfg, bundle=None)["why"] == "model.conv_impl=mixed"
+
+
+def test_a_torch_without_the_flags_records_unknown_and_leaves_nothing_out(monkeypatch):
+    def missing():
+        raise AttributeError("no fp32_precision in this torch")
+    monkeypatch.setattr(gemm, "_bf16_operands", missing)
+    modes = gemm.bf16_math.__wrapped__()
+    assert all(m.startswith("unknown (AttributeError") for m in modes.values()) and set(modes) == {"matmul", "conv"}
+    monkeypatch.setattr(gemm, "bf16_math", lambda: modes)
+    assert conv_select.bf16_ignored("mixed") == []
