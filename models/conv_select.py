@@ -225,6 +225,12 @@ def bf16_ignored(impl: str) -> list[str]:
     return [op for op in BF16_OPS.get(impl, ()) if modes[op] == "fp32"]
 
 
+def bf16_note(impl: str) -> str:
+    """Why path ``impl`` computes in float32 under bf16 on this CPU (:func:`bf16_ignored`), or ``""``."""
+    ops = bf16_ignored(impl)
+    return f"oneDNN ignores the bf16 math mode for {' and '.join(ops)} on this CPU (float32 kernels)" if ops else ""
+
+
 def choose(make: Callable[[str], nn.Module], shape: tuple, classes: int, batch: int, precision: str) -> dict:
     """Gate, time and choose on this machine (module docstring); never raises."""
     record: dict = {"impl": "stock", "precision": precision}
@@ -232,10 +238,9 @@ def choose(make: Callable[[str], nn.Module], shape: tuple, classes: int, batch: 
     try:
         candidates, skipped = CANDIDATES, ""
         if precision == "bf16":   # a path whose bf16 math mode is ignored here would run float32
-            candidates = tuple(impl for impl in CANDIDATES if not bf16_ignored(impl))
-            skipped = "".join(f"; {impl} left out: oneDNN ignores the bf16 math mode for "
-                              f"{' and '.join(bf16_ignored(impl))} on this CPU (float32 kernels)"
-                              for impl in CANDIDATES if impl not in candidates)
+            notes = {impl: bf16_note(impl) for impl in CANDIDATES}
+            candidates = tuple(impl for impl in CANDIDATES if not notes[impl])
+            skipped = "".join(f"; {impl} left out: {notes[impl]}" for impl in CANDIDATES if notes[impl])
             if not candidates:
                 record["why"] = f"stock (bf16 autocast){skipped}"
                 return record

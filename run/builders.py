@@ -65,9 +65,8 @@ def conv_path(cfg: DictConfig, bundle, device: torch.device | None = None) -> di
         return None
     precision = cfg.trainer.precision
     if requested != "auto":
-        ignored = conv_select.bf16_ignored(requested) if precision == "bf16" else []
-        note = (f"; oneDNN ignores the bf16 math mode for {' and '.join(ignored)} on this CPU, so this path's "
-                "convolutions compute in float32" if ignored else "")
+        note = conv_select.bf16_note(requested) if precision == "bf16" else ""
+        note = f"; {note}: this path's convolutions compute in float32" if note else ""
         return {"impl": requested, "requested": requested, "precision": precision,
                 "why": f"model.conv_impl={requested}{note}", **conv_select.machine()}
     device = device if device is not None else resolve_device(cfg.device)
