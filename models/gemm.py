@@ -45,6 +45,15 @@ dropped taps multiplied exact zeros, so nothing changes but rounding order; thei
 is exactly zero, as in ``F.conv2d`` (so weight decay, applied by the optimizer to the whole
 weight, moves them exactly as it would there).
 
+Whole maps (:func:`dense`, on the CPU). Where the input has fewer positions than the kernel has
+kept taps, im2col multiplies more than the convolution's whole linear map would: at 2x2 a 3x3
+convolution with padding 1 reads 9 taps per output position, 5 of them padding, where the map
+multiplies the 4 input positions. There the convolution is one GEMM of the channels-last
+activation ``[B, H W C_in]`` (a view) with the map's matrix ``[H W C_in, H_o W_o C_out]``, gathered
+from the weight each step: 4/9 of the multiply-adds and no im2col. In ResNet-18 these are the
+3x3 convolutions at 2x2 (layer3 at 32 px, layer4 at 50 px); the strided 2x2 -> 1x1 convolution
+keeps 4 taps for 4 positions and stays im2col.
+
 The direct kernel beside the GEMMs (``direct_ratio``, a lone run on the CPU: ``model.conv_impl=mixed``,
 :class:`models.gemm_resnet.GemmResNet`). The GEMMs win where maps are small for their width: at
 2x2 and 1x1 most taps meet padding (dropped here, computed by oneDNN) and oneDNN's backward is
@@ -97,7 +106,8 @@ import torch.nn.functional as F
 
 from lpmetrics.models.gemm_plan import Block, Conv, GemmPlanError, Norm, Plan, plan
 
-__all__ = ["Block", "Conv", "GemmPlanError", "Norm", "Plan", "batch_norm", "bf16_math", "bmm", "conv", "direct",
+__all__ = ["Block", "Conv", "GemmPlanError", "Norm", "Plan", "batch_norm", "bf16_math", "bmm", "conv", "dense",
+           "dense_cheaper", "direct",
            "forward", "gemm", "im2col", "max_pool", "plan", "taps"]
 
 
@@ -306,6 +316,52 @@ def direct(h: torch.Tensor, weight: torch.Tensor, spec: Conv, operands: str | No
     return y.contiguous(memory_format=torch.channels_last).permute(0, 2, 3, 1).unsqueeze(0)
 
 
+def dense_cheaper(height: int, width: int, taps_kept: int, on_cuda: bool = False) -> bool:
+    """Whether a convolution whose input has ``height x width`` positions and ``taps_kept`` taps that
+    meet pixels is cheaper as its whole linear map (:func:`dense`) than as im2col + GEMM: it is
+    when the input has fewer positions than the kernel has kept taps (per output position the map
+    multiplies every input position once, im2col every kept tap). On the CPU only: the GPU's pack
+    modes were measured and gated with the im2col form."""
+    return not on_cuda and height * width < taps_kept
+
+
+@functools.lru_cache(maxsize=64)
+def _map_index(height: int, width: int, kh: int, kw: int, stride: tuple[int, int], padding: tuple[int, int],
+               ho: int, wo: int, device: torch.device) -> tuple[torch.Tensor, bool]:
+    """Tap linking each (output position, input position) pair, ``[H_o W_o H W]`` (int64), in
+    ``k_h k_w`` order; ``k_h k_w`` (one past the last tap: a zero) where the pair shares no tap; and
+    whether any pair does."""
+    ty = torch.arange(height)[None, :] - torch.arange(ho)[:, None] * stride[0] + padding[0]   # [H_o, H]
+    tx = torch.arange(width)[None, :] - torch.arange(wo)[:, None] * stride[1] + padding[1]    # [W_o, W]
+    ty, tx = ty[:, None, :, None], tx[None, :, None, :]                                         # [H_o, W_o, H, W]
+    inside = (ty >= 0) & (ty < kh) & (tx >= 0) & (tx < kw)
+    index = torch.where(inside, ty * kw + tx, kh * kw)
+    return index.reshape(-1).to(device), bool((~inside).any())
+
+
+def dense(h: torch.Tensor, weight: torch.Tensor, spec: Conv, operands: str | None = None) -> torch.Tensor:
+    """The same convolution as :func:`conv` as its whole linear map: ``h [N, B, H, W, C_in]`` read
+    as ``[N, B, H W C_in]`` (channels-last: a view, no im2col) times the map's matrix
+    ``[N, H W C_in, H_o W_o C_out]``, gathered from the weight's taps (zero where an input position
+    meets no tap of an output position); the product is ``[N, B, H_o, W_o, C_out]`` as it stands.
+    Cheaper than im2col where the input has fewer positions than the kernel has taps
+    (:func:`dense_cheaper`): at 2x2 a 3x3 convolution with padding 1 multiplies 4 input positions
+    per output position where im2col multiplies 9 taps, 5 of them zero padding. The gather's
+    backward adds each tap's gradient from every pair that uses it (``index_add``, deterministic on
+    the CPU); a tap that no pair uses gets a zero gradient, as in ``F.conv2d``."""
+    n, b, height, width, cin = h.shape
+    cout, kh, kw = weight.shape[1], weight.shape[3], weight.shape[4]
+    ho = (height + 2 * spec.padding[0] - kh) // spec.stride[0] + 1
+    wo = (width + 2 * spec.padding[1] - kw) // spec.stride[1] + 1
+    index, holes = _map_index(height, width, kh, kw, tuple(spec.stride), tuple(spec.padding), ho, wo, h.device)
+    taps_ = weight.permute(0, 1, 3, 4, 2).reshape(n, cout, kh * kw, cin)   # a view for channels-last weights
+    if holes:
+        taps_ = F.pad(taps_, (0, 0, 0, 1))                                  # tap kh * kw: zeros
+    pairs = taps_.index_select(2, index).view(n, cout, ho * wo, height * width, cin)
+    w = pairs.permute(0, 2, 1, 3, 4).reshape(n, ho * wo * cout, height * width * cin).transpose(1, 2)
+    return gemm(h.reshape(n, b, height * width * cin), w, operands).view(n, b, ho, wo, cout)
+
+
 def conv(h: torch.Tensor, weight: torch.Tensor, spec: Conv, operands: str | None = None,
          direct_ratio: float | None = None) -> torch.Tensor:
     """``h [N, B, H, W, C_in]`` (any strides) convolved per run with ``weight [N, C_out, C_in, k_h,
@@ -319,6 +375,8 @@ def conv(h: torch.Tensor, weight: torch.Tensor, spec: Conv, operands: str | None
     c0, ck, left, right, wo = taps(width, kw, spec.stride[1], spec.padding[1])
     if runs_direct(kh * kw, ho * wo, cout, direct_ratio):
         return direct(h, weight, spec, operands)
+    if dense_cheaper(height, width, rk * ck, h.is_cuda):
+        return dense(h, weight, spec, operands)
     if top or bottom or left or right:
         h = F.pad(h, (0, 0, left, right, top, bottom))
     a = im2col(h, rk, ck, spec.stride, ho, wo)                                       # [N, M, K]
