@@ -63,7 +63,7 @@ GATE_BATCH = 8         # images in the gate's batch
 REPS = 5               # timed steps per path (after one warm step), as packed.select's
 #: CPU flags that decide the GEMMs' speed (recorded; the cache key hashes the whole flag list)
 SIMD_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16")
-CACHE_VERSION = 4      # bump when the rule changes: older entries are then chosen afresh
+CACHE_VERSION = 5      # bump when the rule or a path changes: older entries are then chosen afresh
 CANDIDATES = ("gemm", "mixed")   # the paths auto weighs against stock
 #: the oneDNN operations (:func:`models.gemm.bf16_math`) whose bf16 math mode each path's bf16 operands need
 BF16_OPS = {"gemm": ("matmul",), "mixed": ("matmul", "conv")}
