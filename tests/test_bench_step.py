@@ -63,3 +63,23 @@ def test_folded_evaluation_is_the_running_statistics_forward():
             want, got = model(x), _folded_forward(model)(x)
         assert got.shape == want.shape == (70, 2)
         assert torch.allclose(got, want, rtol=1e-10, atol=1e-10), (seed, (got - want).abs().max().item())
+
+
+def test_the_winograd_lever_computes_the_convolution():
+    """The ``winograd`` lever times a convolution that is ``F.conv2d``'s (3x3, stride 1,
+    padding 1) in float64, output and both gradients, on rectangular even maps."""
+    import torch
+    import torch.nn.functional as F
+
+    from scripts.cpu.bench_levers import winograd_conv
+
+    for seed, (height, width, c, cout) in enumerate([(2, 2, 3, 5), (4, 6, 7, 2), (8, 4, 16, 16)]):
+        g = torch.Generator().manual_seed(seed)
+        h = torch.randn(3, height, width, c, dtype=torch.float64, generator=g, requires_grad=True)
+        w = torch.randn(cout, c, 3, 3, dtype=torch.float64, generator=g, requires_grad=True)
+        up = torch.randn(3, height, width, cout, dtype=torch.float64, generator=g)
+        want = F.conv2d(h.permute(0, 3, 1, 2), w, padding=1).permute(0, 2, 3, 1)
+        got = winograd_conv(h, w)
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+        for a, b in zip(torch.autograd.grad(got, (h, w), up), torch.autograd.grad(want, (h, w), up)):
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)

@@ -18,7 +18,11 @@ measurements (medians, one thread, the variants interleaved call by call: :func:
   BatchNorm-train mode in batches of 32: ``trainer.eval_batch_size``, ``trainer.bntrain_batch_size``),
   and the running-statistics forward with each BatchNorm folded into the convolution before it
   (weights scaled per output channel, a bias added; the folding paid on every call): the most
-  folding could save, as it applies to the running-statistics half only.
+  folding could save, as it applies to the running-statistics half only;
+* ``winograd``: layer1's and layer2's 3x3 convolutions (the ones ``mixed`` runs by oneDNN's direct
+  kernel at 32 px), forward + backward, direct against Winograd's F(2x2, 3x3) written as an index
+  gather, transform GEMMs and 16 batched GEMMs (2.25x fewer multiply-adds), and against those 16
+  GEMMs alone.
 """
 from __future__ import annotations
 
@@ -198,7 +202,69 @@ def evaluation(rounds: int) -> list[str]:
             f"{folded_eval / (folded_eval + step_k):.1%}"]
 
 
-LEVERS = {"dead-taps": dead_taps, "gemm": gemm_precisions, "malloc": malloc, "eval": evaluation}
+#: Winograd's F(2x2, 3x3) (Lavin and Gray, CVPR 2016, "Fast Algorithms for Convolutional Neural
+#: Networks", Section 4): input tile transform B^T, filter transform G, output transform A^T
+WINO_BT = torch.tensor([[1., 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]])
+WINO_G = torch.tensor([[1., 0, 0], [.5, .5, .5], [.5, -.5, .5], [0, 0, 1]])
+WINO_AT = torch.tensor([[1., 1, 1, 0], [0, 1, -1, -1]])
+
+
+def winograd_conv(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """A 3x3, stride-1, padding-1 convolution of channels-last ``h [B, H, W, C]`` (H, W even) by
+    Winograd's F(2x2, 3x3), written with torch's own ops so autograd derives the backward: the
+    overlapping 4x4 tiles (stride 2) of the padded input gathered tap-major (``[16, B T T, C]``,
+    an index gather as the GEMM path's im2col), transformed by one ``[16, 16]`` GEMM (``B^T d B``
+    as ``kron(B^T, B^T)``), 16 GEMMs with the transformed filters (``G g G^T``: 16 multiply-adds
+    per 2x2 outputs where a direct 3x3 takes 36), and the ``[4, 16]`` output transform."""
+    b, height, width, c = h.shape
+    th, tw, cout = height // 2, width // 2, w.shape[0]
+    hp = torch.nn.functional.pad(h, (0, 0, 1, 1, 1, 1))
+    k = torch.arange(4)
+    rows = (torch.arange(th) * 2)[None, :] + k[:, None]                            # [4, T_h]
+    cols = (torch.arange(tw) * 2)[None, :] + k[:, None]                            # [4, T_w]
+    pixel = rows[:, None, :, None] * (width + 2) + cols[None, :, None, :]           # [4, 4, T_h, T_w]
+    index = (pixel[:, :, None] + (torch.arange(b) * hp.shape[1] * hp.shape[2])[:, None, None]).reshape(-1)
+    tiles = hp.reshape(-1, c).index_select(0, index).view(16, -1)                   # [16, B T_h T_w C]
+    v = (torch.kron(WINO_BT, WINO_BT).to(h.dtype) @ tiles).view(16, -1, c)
+    u = torch.kron(WINO_G, WINO_G).to(h.dtype) @ w.permute(2, 3, 0, 1).reshape(9, -1)   # [16, C_out C_in]
+    m = torch.bmm(v, u.view(16, cout, c).transpose(1, 2))                           # [16, B T_h T_w, C_out]
+    y = (torch.kron(WINO_AT, WINO_AT).to(h.dtype) @ m.view(16, -1)).view(2, 2, b, th, tw, cout)
+    return y.permute(2, 3, 0, 4, 1, 5).reshape(b, height, width, cout)
+
+
+def winograd(rounds: int) -> list[str]:
+    """layer1's and layer2's 3x3 convolutions at 32 px (64 channels at 8x8, 128 at 4x4; batch
+    64), forward + backward: oneDNN's direct kernel (what ``mixed`` runs there) against Winograd's
+    F(2x2, 3x3) (:func:`winograd_conv`) and against its 16 GEMMs alone (forward + both backward
+    GEMMs: what the transforms would cost nothing for); Winograd's largest distance to ``F.conv2d``
+    in float64 (output, input and weight gradients)."""
+    import torch.nn.functional as F
+    direct = lambda h, w: F.conv2d(h.permute(0, 3, 1, 2), w, padding=1).permute(0, 2, 3, 1)
+    out = []
+    for c, size in ((64, 8), (128, 4)):
+        g = torch.Generator().manual_seed(c)
+        h64 = torch.randn(4, size, size, c, dtype=torch.float64, generator=g, requires_grad=True)
+        w64 = torch.randn(c, c, 3, 3, dtype=torch.float64, generator=g, requires_grad=True)
+        up = torch.randn(4, size, size, c, dtype=torch.float64, generator=g)
+        got = [winograd_conv(h64, w64), *torch.autograd.grad(winograd_conv(h64, w64), (h64, w64), up)]
+        want = [direct(h64, w64), *torch.autograd.grad(direct(h64, w64), (h64, w64), up)]
+        gap = max(((a - b).abs().max() / b.abs().max()).item() for a, b in zip(got, want))
+        h = torch.randn(64, size, size, c).requires_grad_()
+        w = torch.randn(c, c, 3, 3).contiguous(memory_format=torch.channels_last).requires_grad_()
+        up = torch.randn(64, size, size, c)
+        v, u, gm = torch.randn(16, 64 * size * size // 4, c), torch.randn(16, c, c), torch.randn(16, 64 * size * size // 4, c)
+
+        def gemms_alone():
+            torch.bmm(v, u), torch.bmm(gm, u.transpose(1, 2)), torch.bmm(v.transpose(1, 2), gm)
+        ms = interleaved({"direct": lambda: direct(h, w).backward(up), "winograd": lambda: winograd_conv(h, w).backward(up),
+                          "its 16 GEMMs alone": gemms_alone}, rounds)
+        out.append(f"winograd {c} channels at {size}x{size}, forward + backward: "
+                   + ", ".join(f"{k} {v:.2f} ms" for k, v in ms.items())
+                   + f"; float64 relative distance to F.conv2d {gap:.1e}")
+    return out
+
+
+LEVERS = {"dead-taps": dead_taps, "gemm": gemm_precisions, "malloc": malloc, "eval": evaluation, "winograd": winograd}
 
 
 def main(argv: list[str] | None = None) -> None:
