@@ -23,7 +23,8 @@ the im2col gathers (innermost runs of C contiguous values on both sides) and, fo
 weight reorder ``[N, C_out, C_in, k_h, k_w] -> [N, k_h k_w C_in, C_out]``. A lone run keeps its
 weights channels-last (``[C_out, k_h, k_w, C_in]`` in memory), so the reorder is a transposed view,
 the GEMM reads it in place (BLAS's transposed operand) and ``torch.mm``'s backward hands back the
-weight gradient in that same layout: no per-step copy of weights or of their gradients. HFTA's
+weight gradient in that same layout: no per-step copy of weights or of their gradients (except
+for the whole-map convolutions below, whose matrix is a gather of the weight). HFTA's
 channels-last layout ``[B, H, W, N C]`` also feeds ``bmm`` as a strided view, but every ``bmm``
 writes ``[N, M, C]``, so keeping that layout costs one transpose copy per convolution; it exists
 for cuDNN's grouped kernels, which this mode replaces. Hence one layout, not a parameter.
@@ -327,39 +328,46 @@ def dense_cheaper(height: int, width: int, taps_kept: int, on_cuda: bool = False
 
 @functools.lru_cache(maxsize=64)
 def _map_index(height: int, width: int, kh: int, kw: int, stride: tuple[int, int], padding: tuple[int, int],
-               ho: int, wo: int, device: torch.device) -> tuple[torch.Tensor, bool]:
-    """Tap linking each (output position, input position) pair, ``[H_o W_o H W]`` (int64), in
-    ``k_h k_w`` order; ``k_h k_w`` (one past the last tap: a zero) where the pair shares no tap; and
-    whether any pair does."""
+               cout: int, device: torch.device) -> tuple[torch.Tensor, bool]:
+    """Row of the map's matrix entries in the weight's ``[C_out (k_h k_w + holes), C_in]`` tap rows,
+    in the matrix's order ``(o_h, o_w, c_out, i_h, i_w)``: ``[H_o W_o C_out H W]`` (int64); a pair of
+    positions that shares no tap reads tap ``k_h k_w`` (one past the last: zeros). Also whether
+    some pair shares no tap (``holes``: that zero tap is then needed)."""
+    ho, wo = taps(height, kh, stride[0], padding[0])[4], taps(width, kw, stride[1], padding[1])[4]
     ty = torch.arange(height)[None, :] - torch.arange(ho)[:, None] * stride[0] + padding[0]   # [H_o, H]
     tx = torch.arange(width)[None, :] - torch.arange(wo)[:, None] * stride[1] + padding[1]    # [W_o, W]
     ty, tx = ty[:, None, :, None], tx[None, :, None, :]                                         # [H_o, W_o, H, W]
     inside = (ty >= 0) & (ty < kh) & (tx >= 0) & (tx < kw)
-    index = torch.where(inside, ty * kw + tx, kh * kw)
-    return index.reshape(-1).to(device), bool((~inside).any())
+    holes = bool((~inside).any())
+    tap = torch.where(inside, ty * kw + tx, kh * kw).reshape(ho * wo, 1, height * width)
+    rows = torch.arange(cout)[None, :, None] * (kh * kw + holes) + tap                          # [H_o W_o, C_out, H W]
+    return rows.reshape(-1).to(device), holes
 
 
 def dense(h: torch.Tensor, weight: torch.Tensor, spec: Conv, operands: str | None = None) -> torch.Tensor:
     """The same convolution as :func:`conv` as its whole linear map: ``h [N, B, H, W, C_in]`` read
-    as ``[N, B, H W C_in]`` (channels-last: a view, no im2col) times the map's matrix
-    ``[N, H W C_in, H_o W_o C_out]``, gathered from the weight's taps (zero where an input position
-    meets no tap of an output position); the product is ``[N, B, H_o, W_o, C_out]`` as it stands.
-    Cheaper than im2col where the input has fewer positions than the kernel has taps
-    (:func:`dense_cheaper`): at 2x2 a 3x3 convolution with padding 1 multiplies 4 input positions
-    per output position where im2col multiplies 9 taps, 5 of them zero padding. The gather's
-    backward adds each tap's gradient from every pair that uses it (``index_add``, deterministic on
-    the CPU); a tap that no pair uses gets a zero gradient, as in ``F.conv2d``."""
+    as ``[N, B, H W C_in]`` (a view for a contiguous channels-last ``h``; no im2col) times the map's
+    matrix ``[N, H W C_in, H_o W_o C_out]``, gathered from the weight's taps by one row gather (its
+    transpose ``[N, H_o W_o C_out, H W C_in]``, whose rows are runs of ``C_in`` weights; zero where an
+    input position meets no tap of an output position); the product is ``[N, B, H_o, W_o, C_out]``
+    as it stands. Cheaper than im2col where the input has fewer positions than the kernel has kept
+    taps (:func:`dense_cheaper`): at 2x2 a 3x3 convolution with padding 1 multiplies 4 input
+    positions per output position where im2col multiplies 9 taps, 5 of them zero padding. The
+    gather's backward adds each tap's gradient from every pair that uses it (``index_add``,
+    deterministic on the CPU) into the weight's own layout; a tap that no pair uses gets a zero
+    gradient, as in ``F.conv2d``."""
     n, b, height, width, cin = h.shape
     cout, kh, kw = weight.shape[1], weight.shape[3], weight.shape[4]
-    ho = (height + 2 * spec.padding[0] - kh) // spec.stride[0] + 1
-    wo = (width + 2 * spec.padding[1] - kw) // spec.stride[1] + 1
-    index, holes = _map_index(height, width, kh, kw, tuple(spec.stride), tuple(spec.padding), ho, wo, h.device)
+    ho, wo = taps(height, kh, spec.stride[0], spec.padding[0])[4], taps(width, kw, spec.stride[1], spec.padding[1])[4]
+    if ho < 1 or wo < 1:
+        raise ValueError(f"a {kh}x{kw} convolution with padding {tuple(spec.padding)} has no output on a "
+                         f"{height}x{width} input")
+    rows, holes = _map_index(height, width, kh, kw, tuple(spec.stride), tuple(spec.padding), cout, h.device)
     taps_ = weight.permute(0, 1, 3, 4, 2).reshape(n, cout, kh * kw, cin)   # a view for channels-last weights
     if holes:
         taps_ = F.pad(taps_, (0, 0, 0, 1))                                  # tap kh * kw: zeros
-    pairs = taps_.index_select(2, index).view(n, cout, ho * wo, height * width, cin)
-    w = pairs.permute(0, 2, 1, 3, 4).reshape(n, ho * wo * cout, height * width * cin).transpose(1, 2)
-    return gemm(h.reshape(n, b, height * width * cin), w, operands).view(n, b, ho, wo, cout)
+    w = taps_.reshape(n, -1, cin).index_select(1, rows).view(n, ho * wo * cout, height * width * cin)
+    return gemm(h.reshape(n, b, height * width * cin), w.transpose(1, 2), operands).view(n, b, ho, wo, cout)
 
 
 def conv(h: torch.Tensor, weight: torch.Tensor, spec: Conv, operands: str | None = None,
@@ -373,6 +381,9 @@ def conv(h: torch.Tensor, weight: torch.Tensor, spec: Conv, operands: str | None
     cout, kh, kw = weight.shape[1], weight.shape[3], weight.shape[4]
     r0, rk, top, bottom, ho = taps(height, kh, spec.stride[0], spec.padding[0])
     c0, ck, left, right, wo = taps(width, kw, spec.stride[1], spec.padding[1])
+    if ho < 1 or wo < 1:
+        raise ValueError(f"a {kh}x{kw} convolution with padding {tuple(spec.padding)} has no output on a "
+                         f"{height}x{width} input")
     if runs_direct(kh * kw, ho * wo, cout, direct_ratio):
         return direct(h, weight, spec, operands)
     if dense_cheaper(height, width, rk * ck, h.is_cuda):

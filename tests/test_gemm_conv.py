@@ -83,3 +83,18 @@ def test_conv_takes_the_dense_map_where_it_multiplies_less(monkeypatch, size, k,
     monkeypatch.setattr(gemm, "dense", lambda *a, **kw: called.append(1) or real(*a, **kw))
     _against_conv2d(gemm.conv, size, size, (k, k), (s, s), (pad, pad), size * k)
     assert bool(called) == expected
+
+
+def test_the_dense_map_reads_any_strides_and_refuses_an_empty_output():
+    """A channels-first ``h`` viewed channels-last (not contiguous) and a pack of three runs with
+    row-major weights, against ``F.conv2d`` per run; a kernel larger than the padded input is
+    refused with the sizes named."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(3, 2, 5, 2, 2, dtype=torch.float64, generator=g)           # [N, B, C, H, W]
+    w = torch.randn(3, 4, 5, 3, 3, dtype=torch.float64, generator=g)           # row-major per run
+    got = gemm.dense(x.permute(0, 1, 3, 4, 2), w, Conv("w", (1, 1), (1, 1)))   # a non-contiguous view
+    for r in range(3):
+        want = F.conv2d(x[r], w[r], padding=1).permute(0, 2, 3, 1)
+        torch.testing.assert_close(got[r], want, rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="no output on a 1x1 input"):
+        gemm.conv(torch.randn(1, 2, 1, 1, 3), torch.randn(1, 4, 3, 5, 5), Conv("w", (1, 1), (0, 0)))

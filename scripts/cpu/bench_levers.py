@@ -21,8 +21,8 @@ measurements (medians, one thread, the variants interleaved call by call: :func:
   folding could save, as it applies to the running-statistics half only;
 * ``winograd``: layer1's and layer2's 3x3 convolutions (the ones ``mixed`` runs by oneDNN's direct
   kernel at 32 px), forward + backward, direct against Winograd's F(2x2, 3x3) written as an index
-  gather, transform GEMMs and 16 batched GEMMs (2.25x fewer multiply-adds), and against those 16
-  GEMMs alone.
+  gather, transform GEMMs and 16 batched GEMMs (2.25x fewer multiply-adds than the direct
+  convolution in those GEMMs, the transforms' own arithmetic aside), and against those 16 GEMMs alone.
 """
 from __future__ import annotations
 
