@@ -2,7 +2,8 @@ r"""``model.conv_impl=auto``: each machine chooses a ResNet's convolution path b
 
 A run's convolutions can be torchvision's modules (``stock``: oneDNN's direct convolutions on the
 CPU, cuDNN on CUDA), GEMMs (``gemm``: :class:`models.gemm_resnet.GemmResNet`, the code a GEMM
-pack runs) or GEMMs on the small maps and oneDNN's direct kernel on the large ones (``mixed``).
+pack runs) or GEMMs on the small maps and oneDNN's direct kernel on the large ones (``mixed``;
+``mixed16`` draws the line at smaller maps: :data:`models.gemm_resnet.MIXED_RATIOS`).
 Which is faster depends on the CPU (AVX-512, AVX512-BF16 and AMX-BF16 or not), the image size and
 the precision, and a path is only worth its speed if it trains what the stock model trains. So,
 as a GPU window chooses its pack mode (:mod:`packed.select`), :func:`choose`
@@ -23,6 +24,10 @@ as a GPU window chooses its pack mode (:mod:`packed.select`), :func:`choose`
    so drifting load hits all alike, after one warm step: the median of :data:`REPS`;
 3. **chooses** the fastest path that passed; any error, or no candidate passing and faster:
    ``stock``, with the reason.
+
+A candidate that computes the same way as an earlier one at the run's image size (the same
+convolutions by the direct kernel, :func:`distinct`) is not weighed: at 32 px ``mixed16`` is
+``mixed``, so timing noise cannot give one run's arithmetic two names.
 
 ``auto`` never changes the precision: both paths run at the run's ``trainer.precision``. So under
 ``bf16`` a path is no candidate where this CPU ignores oneDNN's bf16 math mode for an operation it
@@ -63,10 +68,10 @@ GATE_BATCH = 8         # images in the gate's batch
 REPS = 5               # timed steps per path (after one warm step), as packed.select's
 #: CPU flags that decide the GEMMs' speed (recorded; the cache key hashes the whole flag list)
 SIMD_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16")
-CACHE_VERSION = 5      # bump when the rule or a path changes: older entries are then chosen afresh
-CANDIDATES = ("gemm", "mixed")   # the paths auto weighs against stock
+CACHE_VERSION = 6      # bump when the rule or a path changes: older entries are then chosen afresh
+CANDIDATES = ("gemm", "mixed", "mixed16")   # the paths auto weighs against stock
 #: the oneDNN operations (:func:`models.gemm.bf16_math`) whose bf16 math mode each path's bf16 operands need
-BF16_OPS = {"gemm": ("matmul",), "mixed": ("matmul", "conv")}
+BF16_OPS = {"gemm": ("matmul",), "mixed": ("matmul", "conv"), "mixed16": ("matmul", "conv")}
 _MEMO: dict[str, dict] = {}   # this process's choices (a read-only cache folder chooses once per process)
 
 
@@ -231,6 +236,22 @@ def bf16_note(impl: str) -> str:
     return f"oneDNN ignores the bf16 math mode for {' and '.join(ops)} on this CPU (float32 kernels)" if ops else ""
 
 
+def distinct(make: Callable[[str], nn.Module], shape: tuple, candidates: tuple[str, ...]) -> tuple[tuple[str, ...], str]:
+    """``candidates`` less those that compute the same way as an earlier one at this image shape
+    (the same convolutions by the direct kernel: at 32 px ``mixed16`` is ``mixed``), and why."""
+    kept, seen, why = [], {}, ""
+    for impl in candidates:
+        model = make(impl)
+        split = model.direct_split(*shape[-2:]) if hasattr(model, "direct_split") else {}
+        key = tuple(sorted(split.items())) if any(split.values()) else ()   # () : every convolution a GEMM
+        if key in seen:
+            why += f"; {impl} left out: the same convolutions as {seen[key]} at this image size"
+        else:
+            seen[key] = impl
+            kept.append(impl)
+    return tuple(kept), why
+
+
 def choose(make: Callable[[str], nn.Module], shape: tuple, classes: int, batch: int, precision: str) -> dict:
     """Gate, time and choose on this machine (module docstring); never raises."""
     record: dict = {"impl": "stock", "precision": precision}
@@ -244,6 +265,8 @@ def choose(make: Callable[[str], nn.Module], shape: tuple, classes: int, batch: 
             if not candidates:
                 record["why"] = f"stock (bf16 autocast){skipped}"
                 return record
+        candidates, same = distinct(make, shape, candidates)
+        skipped += same
         gate = gate_bf16 if precision == "bf16" else gate_fp32
         record["gate"] = {impl: gate(make, shape, classes, impl) for impl in candidates}
         passed = tuple(impl for impl in candidates if record["gate"][impl]["passed"])

@@ -108,7 +108,7 @@ import torch.nn.functional as F
 from lpmetrics.models.gemm_plan import Block, Conv, GemmPlanError, Norm, Plan, plan
 
 __all__ = ["Block", "Conv", "GemmPlanError", "Norm", "Plan", "batch_norm", "bf16_math", "bmm", "conv", "dense",
-           "dense_cheaper", "direct",
+           "dense_cheaper", "direct", "direct_split",
            "forward", "gemm", "im2col", "max_pool", "plan", "taps"]
 
 
@@ -299,6 +299,31 @@ def runs_direct(taps: int, positions: int, cout: int, direct_ratio: float | None
     """Whether a lone run's convolution of ``taps`` taps, ``positions`` output positions per image
     and ``cout`` output channels runs by the direct kernel (module docstring; ``None``: never)."""
     return direct_ratio is not None and taps > 1 and positions >= direct_ratio * cout
+
+
+def direct_split(plan_: Plan, weight_shapes: Mapping[str, tuple], height: int, width: int,
+                 direct_ratio: float | None) -> dict[str, bool]:
+    """Which convolutions of a lone run on ``height x width`` images run by the direct kernel
+    (:func:`runs_direct`), by weight key, walked through the plan without computing anything
+    (``weight_shapes``: each convolution weight's ``[C_out, C_in, k_h, k_w]``)."""
+    split: dict[str, bool] = {}
+
+    def visit(c: Conv, h: int, w: int) -> tuple[int, int]:
+        cout, _, kh, kw = weight_shapes[c.weight][-4:]
+        ho, wo = taps(h, kh, c.stride[0], c.padding[0])[4], taps(w, kw, c.stride[1], c.padding[1])[4]
+        split[c.weight] = runs_direct(kh * kw, ho * wo, cout, direct_ratio)
+        return ho, wo
+
+    h, w = visit(plan_.stem, height, width)
+    if plan_.pool is not None:   # torch's own size arithmetic (ceil_mode included) on an empty map
+        h, w = F.max_pool2d(torch.zeros(1, 1, h, w), **plan_.pool).shape[-2:]
+    for blk in plan_.blocks:
+        h1, w1 = visit(blk.conv1, h, w)
+        visit(blk.conv2, h1, w1)
+        if blk.down is not None:
+            visit(blk.down[0], h, w)
+        h, w = h1, w1
+    return split
 
 
 def direct(h: torch.Tensor, weight: torch.Tensor, spec: Conv, operands: str | None = None) -> torch.Tensor:

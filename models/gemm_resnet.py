@@ -1,5 +1,6 @@
 r"""torchvision's ResNet with its convolutions as GEMMs: :class:`GemmResNet` (``model.conv_impl=gemm``;
-``mixed``: the small maps' convolutions as GEMMs, the large maps' by oneDNN's direct kernel).
+``mixed`` / ``mixed16``: the small maps' convolutions as GEMMs, the large maps' by oneDNN's direct
+kernel, :data:`MIXED_RATIOS`).
 
 A lone run is a pack of one: the forward is :func:`models.gemm.forward` on the model's own
 parameters and buffers viewed as ``[1, ...]`` stacks, the code a GEMM pack runs (He et al.
@@ -41,6 +42,12 @@ from lpmetrics.models import gemm
 #: stock's where the all-GEMM step was 0.73x and 0.84x (``results/cpu_step/``)
 MIXED_DIRECT_RATIO = 1 / 8
 
+#: the direct ratio of each ``mixed`` path: ``mixed`` (the rule above) and ``mixed16`` (one position
+#: per 16 output channels: also layer3's 3x3 convolutions at 50 px, 4x4 maps of 256 channels, which
+#: an AMD EPYC runs faster direct and the Xeon faster as GEMMs: ``results/cpu_step/``). Each is a
+#: function of shapes only; ``auto`` picks one per machine and a run keeps it (``model.conv_impl``)
+MIXED_RATIOS = {"mixed": MIXED_DIRECT_RATIO, "mixed16": 1 / 16}
+
 #: images per GEMM forward when evaluating with running statistics (no grad): a 512-image batch's
 #: im2col (77 MB at the 32 px stem) would stream through memory; 64 (the training batch) stays in cache
 EVAL_CHUNK = 64
@@ -70,6 +77,11 @@ class GemmResNet(ResNet):
                 m.weight.data = m.weight.data.contiguous(memory_format=torch.channels_last)
         self._gemm_plan = None
         return self
+
+    def direct_split(self, height: int, width: int) -> dict[str, bool]:
+        """Which convolutions run by the direct kernel on ``height x width`` images (by weight key)."""
+        shapes = {k: tuple(v.shape) for k, v in self.named_parameters()}
+        return gemm.direct_split(gemm.plan(self), shapes, height, width, self.direct_ratio)
 
     def _norm_modes(self) -> dict[str, bool]:
         return {name: m.training for name, m in self.named_modules() if isinstance(m, nn.BatchNorm2d)}

@@ -6,12 +6,12 @@ from collections.abc import Sequence
 from torch import nn
 from torchvision.models.resnet import BasicBlock, ResNet
 
-from lpmetrics.models.gemm_resnet import MIXED_DIRECT_RATIO, GemmResNet
+from lpmetrics.models.gemm_resnet import MIXED_RATIOS, GemmResNet
 
 #: ``model.conv_impl`` values: ``auto`` is the machine's choice, made by
 #: :func:`run.builders.build_model` (it needs the run's device, batch and precision); a model
 #: built from the config without it (a script's direct ``instantiate``) is ``stock``, as before
-CONV_IMPLS = ("stock", "gemm", "mixed", "auto")
+CONV_IMPLS = ("stock", "gemm", "mixed", "mixed16", "auto")
 
 
 def resnet18(num_classes: int, input_shape: Sequence[int], cifar_stem: bool = False,
@@ -24,8 +24,8 @@ def resnet18(num_classes: int, input_shape: Sequence[int], cifar_stem: bool = Fa
     ``conv_impl``: ``stock`` = torchvision's modules; ``gemm`` = the same network (same modules,
     names, shapes and initial weights) with its convolutions computed as GEMMs
     (:class:`models.gemm_resnet.GemmResNet`); ``mixed`` = the same with the convolutions of the
-    larger maps by oneDNN's direct kernel (:data:`~models.gemm_resnet.MIXED_DIRECT_RATIO`; the
-    CPU's fast path); ``auto`` here = ``stock`` (:data:`CONV_IMPLS`).
+    larger maps by oneDNN's direct kernel (the CPU's fast path), ``mixed16`` with more of them so
+    (:data:`~models.gemm_resnet.MIXED_RATIOS`); ``auto`` here = ``stock`` (:data:`CONV_IMPLS`).
     """
     if len(input_shape) != 3:
         raise ValueError(f"resnet18 needs image input [C, H, W], got input_shape={list(input_shape)}; "
@@ -33,9 +33,9 @@ def resnet18(num_classes: int, input_shape: Sequence[int], cifar_stem: bool = Fa
     if conv_impl not in CONV_IMPLS:
         raise ValueError(f"conv_impl={conv_impl!r} must be one of {CONV_IMPLS} (model.conv_impl)")
     # torchvision's resnet18(weights=None, num_classes=K) is exactly this call (same init draws)
-    if conv_impl in ("gemm", "mixed"):
+    if conv_impl == "gemm" or conv_impl in MIXED_RATIOS:
         net = GemmResNet(BasicBlock, [2, 2, 2, 2], num_classes=num_classes,
-                         direct_ratio=MIXED_DIRECT_RATIO if conv_impl == "mixed" else None)
+                         direct_ratio=MIXED_RATIOS.get(conv_impl))
     else:
         net = ResNet(BasicBlock, [2, 2, 2, 2], num_classes=num_classes)
     channels = int(input_shape[0])

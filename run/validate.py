@@ -10,7 +10,7 @@ Each failure is a :class:`ConfigError` whose message names the key, the value an
   integers >= 1 (0 used to fail late with ``IndexError`` / ``ZeroDivisionError``);
   ``trainer.max_grad_norm`` is null or finite > 0; ``trainer.eval_bn`` is eval or train; ``trainer.precision`` fp32 or bf16;
   ``trainer.optimizer_impl`` eager or compiled (compiled: on a CPU only);
-  ``model.conv_impl`` (where the model has it) stock, gemm, mixed or auto;
+  ``model.conv_impl`` (where the model has it) stock, gemm, mixed, mixed16 or auto;
   ``trainer.checkpoints`` and ``trainer.trust_checkpoint`` booleans;
   ``trainer.init_from`` names an existing file; ``optimizer.lr`` is finite and >= 0;
 * ``seed`` is an integer; ``resume`` is false, true or force; ``dataset.task`` is binary or
@@ -37,6 +37,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from lpmetrics.data.build import KEYS as DATASET_KEYS
 from lpmetrics.errors import ConfigError
+from lpmetrics.models.gemm_resnet import MIXED_RATIOS
 from lpmetrics.models.resnet import CONV_IMPLS
 from lpmetrics.run.builders import resolve_device
 from lpmetrics.run.optimizer_step import IMPLS as OPTIMIZER_IMPLS
@@ -178,7 +179,8 @@ def static_problems(cfg: DictConfig) -> list[str]:
     if conv_impl is not None and conv_impl not in CONV_IMPLS:
         problems.append(f"model.conv_impl={conv_impl!r} must be one of {', '.join(CONV_IMPLS)} (stock: "
                         "torchvision's convolutions; gemm: the same network as GEMMs; mixed: GEMMs on the "
-                        "small maps, oneDNN's direct kernel on the large; auto: this machine's "
+                        "small maps, oneDNN's direct kernel on the large; mixed16: the same, the line at smaller maps; "
+                        "auto: this machine's "
                         "choice, gated and timed)")
     if not isinstance(trainer.checkpoints, bool):
         problems.append(f"trainer.checkpoints={trainer.checkpoints!r} must be true or false")
@@ -236,8 +238,9 @@ def validate(cfg: DictConfig, bundle=None) -> None:
     problems = static_problems(cfg) if bundle is None else data_problems(cfg, bundle)
     if bundle is None and not problems:
         device = resolve_device(cfg.device)
-        if OmegaConf.select(cfg, "model.conv_impl") == "mixed" and device.type != "cpu":
-            problems.append(f"model.conv_impl=mixed is a CPU path (oneDNN's direct kernel beside GEMMs); "
+        impl = OmegaConf.select(cfg, "model.conv_impl")
+        if impl in MIXED_RATIOS and device.type != "cpu":
+            problems.append(f"model.conv_impl={impl} is a CPU path (oneDNN's direct kernel beside GEMMs); "
                             f"on {device.type} use stock or auto")
         if cfg.trainer.optimizer_impl == "compiled" and device.type != "cpu":
             problems.append(f"trainer.optimizer_impl=compiled is tested on CPUs only (inductor's C++ loops); "

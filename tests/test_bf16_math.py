@@ -88,7 +88,7 @@ def test_auto_under_bf16_weighs_a_path_whose_operations_round(monkeypatch):
 def test_under_fp32_nothing_is_left_out(monkeypatch):
     from lpmetrics.models.resnet import resnet18
     _modes(monkeypatch, "fp32", "fp32")
-    record = conv_select.choose(lambda impl: resnet18(2, [3, 16, 16], conv_impl=impl), (3, 16, 16), 2, 4, "fp32")
+    record = conv_select.choose(lambda impl: resnet18(2, [3, 50, 50], conv_impl=impl), (3, 50, 50), 2, 4, "fp32")
     assert set(record["gate"]) == set(conv_select.CANDIDATES) and "left out" not in record["why"]
 
 

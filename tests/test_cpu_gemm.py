@@ -50,7 +50,7 @@ def test_same_initial_weights_as_torchvision_and_same_state_dict():
         assert all(got[k].shape == v.shape and torch.equal(got[k], v) for k, v in ref.items())
 
 
-@pytest.mark.parametrize("impl", ["gemm", "mixed"])
+@pytest.mark.parametrize("impl", ["gemm", "mixed", "mixed16"])
 @pytest.mark.parametrize("px", [32, 50])
 def test_float64_steps_equal_torchvision(px, impl, float64_default):
     stock, gemm = (m.double().train() for m in twins(px, impl=impl))
@@ -103,20 +103,25 @@ def test_bf16_gate_passes_and_logits_stay_float32(impl):
     assert torch.backends.mkldnn.conv.fp32_precision != "bf16"     # and after the direct kernels
 
 
-@pytest.mark.parametrize("px, direct", [
-    (32, ["conv1", "layer1", "layer2"]),             # 16x16, 8x8, 4x4 (128 channels); layer3 2x2 (256)
-    (50, ["conv1", "layer1", "layer2"]),             # 25x25, 13x13, 7x7; layer3 4x4 (256): 16 < 256 / 8
-    (96, ["conv1", "layer1", "layer2", "layer3"]),   # layer3 6x6 (256): 36 >= 32; layer4 3x3 (512)
+@pytest.mark.parametrize("impl, px, direct", [
+    ("mixed", 32, ["conv1", "layer1", "layer2"]),             # 16x16, 8x8, 4x4 (128 channels); layer3 2x2 (256)
+    ("mixed", 50, ["conv1", "layer1", "layer2"]),             # 25x25, 13x13, 7x7; layer3 4x4 (256): 16 < 256 / 8
+    ("mixed", 96, ["conv1", "layer1", "layer2", "layer3"]),   # layer3 6x6 (256): 36 >= 32; layer4 3x3 (512)
+    ("mixed16", 32, ["conv1", "layer1", "layer2"]),           # layer3 2x2: 4 < 256 / 16: as mixed
+    ("mixed16", 50, ["conv1", "layer1", "layer2", "layer3"]),  # layer3 4x4: 16 >= 256 / 16
 ])
-def test_mixed_runs_the_large_maps_direct_and_the_small_as_gemms(px, direct, direct_conv_weights):
-    """The split is by shape only (more than one tap, ``MIXED_DIRECT_RATIO`` output positions per
+def test_mixed_runs_the_large_maps_direct_and_the_small_as_gemms(impl, px, direct, direct_conv_weights):
+    """The split is by shape only (more than one tap, ``MIXED_RATIOS[impl]`` output positions per
     output channel), so it is the same on every machine: F.conv2d for the stem and the named
-    layers' 3x3 convolutions, GEMMs for the rest (every 1x1 downsampling among them)."""
-    _, mixed = twins(px, impl="mixed")
+    layers' 3x3 convolutions, GEMMs for the rest (every 1x1 downsampling among them); the model's
+    ``direct_split`` (what ``auto`` compares paths by) names the same convolutions without running."""
+    _, mixed = twins(px, impl=impl)
     called = direct_conv_weights(mixed, torch.randn(2, 3, px, px))
-    want = [tuple(m.weight.shape) for name, m in mixed.named_modules()
+    want = [(name, tuple(m.weight.shape)) for name, m in mixed.named_modules()
             if isinstance(m, nn.Conv2d) and name.split(".")[0] in direct and m.kernel_size != (1, 1)]
-    assert called == want and len(want) < 20   # ResNet-18 has 20 convolutions: some stay GEMMs
+    assert called == [shape for _, shape in want] and len(want) < 20   # ResNet-18 has 20 convolutions
+    split = mixed.direct_split(px, px)
+    assert len(split) == 20 and sorted(k for k, v in split.items() if v) == sorted(f"{n}.weight" for n, _ in want)
 
 
 def test_the_direct_kernel_is_for_a_lone_run_on_the_cpu():
@@ -182,3 +187,15 @@ def test_bad_conv_impl_and_input_are_named():
         resnet18(2, [3, 32, 32], conv_impl="fast")
     with pytest.raises(ValueError, match=r"\[B, C, H, W\]"):
         resnet18(2, [3, 32, 32], conv_impl="gemm")(torch.randn(2, 3 * 32 * 32))
+
+
+@pytest.mark.parametrize("px, kept", [(50, ("gemm", "mixed", "mixed16")), (32, ("gemm", "mixed")),
+                                      (2, ("gemm",))])
+def test_auto_weighs_only_paths_that_compute_differently(px, kept):
+    """``conv_select.distinct``: at 32 px ``mixed16`` runs the same convolutions direct as
+    ``mixed`` and is not weighed; at 2 px neither runs any direct (all GEMMs: ``gemm``)."""
+    from lpmetrics.models import conv_select
+    got, why = conv_select.distinct(lambda impl: resnet18(2, [3, px, px], conv_impl=impl), (3, px, px),
+                                    conv_select.CANDIDATES)
+    assert got == kept
+    assert all(f"{impl} left out: the same convolutions as" in why for impl in conv_select.CANDIDATES if impl not in kept)

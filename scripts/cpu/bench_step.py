@@ -6,7 +6,8 @@ thread) writes ``results/cpu_step/bench.json`` and prints the markdown table of
 (torchvision, oneDNN's convolutions, fp32), ``stock-bf16`` (the same under bf16 autocast, what
 ``trainer.precision=bf16`` did before the GEMM path), ``gemm`` (fp32), ``gemm-bf16`` (bf16 GEMM
 operands, float32 everything else), ``mixed`` and ``mixed-bf16`` (the large maps' convolutions by
-oneDNN's direct kernel, the small maps' as GEMMs; bf16: bf16 operands in both) and, for reference
+oneDNN's direct kernel, the small maps' as GEMMs; bf16: bf16 operands in both), ``mixed16`` (the
+line drawn at smaller maps: at 32 px the same convolutions as ``mixed``) and, for reference
 only (no run option), ``gemm-bf16act`` (bf16 activations too). Per image size:
 
 * a training step as ``train.py`` takes it (forward, cross-entropy, backward, SGD with momentum
@@ -51,7 +52,7 @@ from scripts.cpu import quiet
 
 FORMS = {"stock": ("stock", False), "stock-bf16": ("stock", True), "gemm": ("gemm", False),
          "gemm-bf16": ("gemm", True), "gemm-bf16act": ("gemm", True), "mixed": ("mixed", False),
-         "mixed-bf16": ("mixed", True)}
+         "mixed-bf16": ("mixed", True), "mixed16": ("mixed16", False)}
 #: a reference form, not a run option: bf16 activations too (autocast straight through the GEMM
 #: code, as a bf16 GEMM pack runs: bf16 GEMM outputs, BatchNorm in float32, cast back to bf16)
 BF16_ACTIVATIONS = ("gemm-bf16act",)
