@@ -369,6 +369,12 @@ def _map_index(height: int, width: int, kh: int, kw: int, stride: tuple[int, int
     return rows.reshape(-1).to(device), holes
 
 
+def _check_output(ho: int, wo: int, kh: int, kw: int, spec: Conv, height: int, width: int) -> None:
+    if ho < 1 or wo < 1:
+        raise ValueError(f"a {kh}x{kw} convolution with padding {tuple(spec.padding)} has no output on a "
+                         f"{height}x{width} input")
+
+
 def dense(h: torch.Tensor, weight: torch.Tensor, spec: Conv, operands: str | None = None) -> torch.Tensor:
     """The same convolution as :func:`conv` as its whole linear map: ``h [N, B, H, W, C_in]`` read
     as ``[N, B, H W C_in]`` (a view for a contiguous channels-last ``h``; no im2col) times the map's
@@ -384,9 +390,7 @@ def dense(h: torch.Tensor, weight: torch.Tensor, spec: Conv, operands: str | Non
     n, b, height, width, cin = h.shape
     cout, kh, kw = weight.shape[1], weight.shape[3], weight.shape[4]
     ho, wo = taps(height, kh, spec.stride[0], spec.padding[0])[4], taps(width, kw, spec.stride[1], spec.padding[1])[4]
-    if ho < 1 or wo < 1:
-        raise ValueError(f"a {kh}x{kw} convolution with padding {tuple(spec.padding)} has no output on a "
-                         f"{height}x{width} input")
+    _check_output(ho, wo, kh, kw, spec, height, width)
     rows, holes = _map_index(height, width, kh, kw, tuple(spec.stride), tuple(spec.padding), cout, h.device)
     taps_ = weight.permute(0, 1, 3, 4, 2).reshape(n, cout, kh * kw, cin)   # a view for channels-last weights
     if holes:
@@ -406,9 +410,7 @@ def conv(h: torch.Tensor, weight: torch.Tensor, spec: Conv, operands: str | None
     cout, kh, kw = weight.shape[1], weight.shape[3], weight.shape[4]
     r0, rk, top, bottom, ho = taps(height, kh, spec.stride[0], spec.padding[0])
     c0, ck, left, right, wo = taps(width, kw, spec.stride[1], spec.padding[1])
-    if ho < 1 or wo < 1:
-        raise ValueError(f"a {kh}x{kw} convolution with padding {tuple(spec.padding)} has no output on a "
-                         f"{height}x{width} input")
+    _check_output(ho, wo, kh, kw, spec, height, width)
     if runs_direct(kh * kw, ho * wo, cout, direct_ratio):
         return direct(h, weight, spec, operands)
     if dense_cheaper(height, width, rk * ck, h.is_cuda):
