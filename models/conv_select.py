@@ -29,13 +29,13 @@ A candidate that computes the same way as an earlier one at the run's image size
 convolutions by the direct kernel, :func:`distinct`) is not weighed: at 32 px ``mixed16`` is
 ``mixed``, so timing noise cannot give one run's arithmetic two names.
 
-``auto`` never changes the precision: both paths run at the run's ``trainer.precision``. So under
+``auto`` never changes the precision: every path runs at the run's ``trainer.precision``. So under
 ``bf16`` a path is no candidate where this CPU ignores oneDNN's bf16 math mode for an operation it
 needs (:data:`BF16_OPS`, :func:`models.gemm.bf16_math`): its "bf16 operands" would be float32
 there (an AMD EPYC with AVX512-BF16 and no AMX, 2026-11-29), and the choice is recorded with why.
 On CUDA (and any device but the CPU) ``auto`` is ``stock`` (cuDNN's convolutions; the GEMM path
 there is the GPU packs' business). The choice costs a few seconds (float64 gate, then
-``3 (1 + REPS)`` steps) and is cached per machine in ``~/.cache/lpmetrics/conv_impl.json``
+up to ``(1 + len(CANDIDATES)) (1 + REPS)`` steps) and is cached per machine in ``~/.cache/lpmetrics/conv_impl.json``
 (``$LPMETRICS_CACHE`` overrides the folder), keyed by the CPU model, its flags, the torch version,
 the thread count, the image shape, batch, stem and precision. The record (JSON-ready, written into
 every run's ``results.json`` by the run layer) names the path, the precision, the threads, the
@@ -242,7 +242,10 @@ def distinct(make: Callable[[str], nn.Module], shape: tuple, candidates: tuple[s
     kept, seen, why = [], {}, ""
     for impl in candidates:
         model = make(impl)
-        split = model.direct_split(*shape[-2:]) if hasattr(model, "direct_split") else {}
+        if not hasattr(model, "direct_split"):   # not a GEMM model: nothing to compare it by
+            kept.append(impl)
+            continue
+        split = model.direct_split(*shape[-2:])
         key = tuple(sorted(split.items())) if any(split.values()) else ()   # () : every convolution a GEMM
         if key in seen:
             why += f"; {impl} left out: the same convolutions as {seen[key]} at this image size"

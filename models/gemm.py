@@ -311,6 +311,7 @@ def direct_split(plan_: Plan, weight_shapes: Mapping[str, tuple], height: int, w
     def visit(c: Conv, h: int, w: int) -> tuple[int, int]:
         cout, _, kh, kw = weight_shapes[c.weight][-4:]
         ho, wo = taps(h, kh, c.stride[0], c.padding[0])[4], taps(w, kw, c.stride[1], c.padding[1])[4]
+        _check_output(ho, wo, kh, kw, c, h, w)   # where the forward would refuse the image size too
         split[c.weight] = runs_direct(kh * kw, ho * wo, cout, direct_ratio)
         return ho, wo
 
@@ -333,7 +334,7 @@ def direct(h: torch.Tensor, weight: torch.Tensor, spec: Conv, operands: str | No
     scoped like :func:`gemm`'s."""
     if h.shape[0] != 1 or h.is_cuda:
         raise ValueError(f"the direct kernel computes a lone run on the CPU; got {h.shape[0]} run(s) "
-                         f"on {h.device} (model.conv_impl=mixed is a CPU path: on CUDA use stock or auto)")
+                         f"on {h.device} (model.conv_impl=mixed and mixed16 are CPU paths: on CUDA use stock or auto)")
     if operands not in OPERANDS:
         raise ValueError(f"operands must be one of {OPERANDS}; got {operands!r}")
     x = h.squeeze(0).permute(0, 3, 1, 2)                 # NCHW view of channels-last memory

@@ -56,7 +56,7 @@ def runtime_values(bundle) -> dict[str, Any]:
 
 def conv_path(cfg: DictConfig, bundle, device: torch.device | None = None) -> dict | None:
     """The convolution path of the run's model (``model.conv_impl``; ``None`` for a model without
-    the key, e.g. ``model=mlp``): ``impl`` (``stock``, ``gemm`` or ``mixed``, what :func:`build_model`
+    the key, e.g. ``model=mlp``): ``impl`` (``stock``, ``gemm``, ``mixed`` or ``mixed16``, what :func:`build_model`
     builds), ``requested``, ``precision``, ``why`` and the machine (CPU model, SIMD flags, torch,
     threads). ``auto`` is this machine's choice (:func:`lpmetrics.models.conv_select.resolve`:
     gated, timed, cached; stock off the CPU); it never changes ``trainer.precision``."""

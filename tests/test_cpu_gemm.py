@@ -199,3 +199,12 @@ def test_auto_weighs_only_paths_that_compute_differently(px, kept):
                                     conv_select.CANDIDATES)
     assert got == kept
     assert all(f"{impl} left out: the same convolutions as" in why for impl in conv_select.CANDIDATES if impl not in kept)
+
+
+def test_distinct_keeps_a_path_it_cannot_compare():
+    """A candidate built as a model without ``direct_split`` (not a GEMM model) is weighed, not
+    taken for ``gemm``."""
+    from lpmetrics.models import conv_select
+    make = lambda impl: resnet18(2, [3, 32, 32], conv_impl="stock" if impl == "mixed" else impl)
+    got, why = conv_select.distinct(make, (3, 32, 32), ("gemm", "mixed"))
+    assert got == ("gemm", "mixed") and why == ""

@@ -220,7 +220,7 @@ PLAIN_CONV = (None, "stock", "auto")
 
 def step_record(res: dict, cfg: dict) -> tuple[str | None, str | None]:
     """(convolutions, precision) of a run's step from its results.json ``conv_impl`` record (what
-    ``model.conv_impl`` resolved to, written by ``run.job``: ``impl`` stock, gemm or mixed, and its
+    ``model.conv_impl`` resolved to, written by ``run.job``: ``impl`` stock, gemm, mixed or mixed16, and its
     ``precision``), else the flattened config's ``model.conv_impl`` (a run made before the record)."""
     rec = res.get("conv_impl")
     if isinstance(rec, dict):
