@@ -62,7 +62,7 @@ from lpmetrics.models import gemm
 
 K = 4                  # bf16 gate: at most K times the precision's own distance
 FLOOR = 2.0 ** -23     # float32's machine epsilon: the least reference distance
-FP64_TOL = 1e-9        # fp32 gate: float64 agreement (measured 2e-14 to 8e-13; a real error is >= 1e-4)
+FP64_TOL = 1e-9        # fp32 gate: float64 agreement (measured 2e-14 to 8e-13: results/cpu_step/, conv_choice; a real error is >= 1e-4)
 GATE_STEPS = 2         # SGD steps of the float64 gate
 GATE_BATCH = 8         # images in the gate's batch
 REPS = 5               # timed steps per path (after one warm step), as packed.select's
